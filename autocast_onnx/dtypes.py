@@ -1,0 +1,76 @@
+"""Float types the converter works with, their ranges, and array conversion.
+
+Only FLOAT, FLOAT16 and BFLOAT16 tensors take part in mixed precision; every other type
+(double, integers, bool, strings, fp8) is left exactly as it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+FLOAT = TensorProto.FLOAT
+FLOAT16 = TensorProto.FLOAT16
+BFLOAT16 = TensorProto.BFLOAT16
+MIXABLE = frozenset({FLOAT, FLOAT16, BFLOAT16})
+
+PRECISION_OF = {"fp32": FLOAT, "fp16": FLOAT16, "bf16": BFLOAT16}
+NAME_OF = {FLOAT: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16"}
+TYPE_STR = {FLOAT: "tensor(float)", FLOAT16: "tensor(float16)", BFLOAT16: "tensor(bfloat16)"}
+
+# Largest finite value and smallest positive subnormal of each low-precision type.
+LIMITS = {
+    FLOAT16: (65504.0, 2.0 ** -24),
+    BFLOAT16: (3.3895313892515355e38, 2.0 ** -133),
+}
+
+
+def dtype_name(elem_type: int | None) -> str:
+    if elem_type is None:
+        return "unknown"
+    if elem_type in NAME_OF:
+        return NAME_OF[elem_type]
+    return TensorProto.DataType.Name(elem_type).lower()
+
+
+def float_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round fp32 values to bfloat16 (round to nearest even) and return the raw uint16 bits."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    nan = np.isnan(values)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    out = ((bits + rounding) >> 16).astype(np.uint16)
+    out[nan] = 0x7FC0
+    return out
+
+
+def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def round_trip(values: np.ndarray, elem_type: int) -> np.ndarray:
+    """fp32 values as they read back after a round trip through `elem_type`."""
+    values = np.asarray(values, dtype=np.float32)
+    if elem_type == FLOAT16:
+        with np.errstate(over="ignore"):
+            return values.astype(np.float16).astype(np.float32)
+    if elem_type == BFLOAT16:
+        return bf16_bits_to_float(float_to_bf16_bits(values))
+    return values
+
+
+def range_report(values: np.ndarray, elem_type: int) -> tuple[int, float, int, int]:
+    """(overflowing count, largest finite |value|, flushing count, nonzero count) of fp32 `values`
+    when converted to `elem_type`. Infinities and NaN convert exactly and are not counted."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return 0, 0.0, 0, 0
+    mag = np.abs(values.astype(np.float32, copy=False))
+    finite = np.isfinite(mag)
+    largest = float(mag[finite].max()) if finite.any() else 0.0
+    max_value, tiny = LIMITS[elem_type]
+    # Values that round past the largest finite number become inf: for fp16 that is >= 65520.
+    overflow_at = 65520.0 if elem_type == FLOAT16 else max_value
+    overflow = int(np.count_nonzero(finite & (mag >= overflow_at)))
+    nonzero = int(np.count_nonzero(mag))
+    flush = int(np.count_nonzero((mag > 0) & (mag < tiny / 2)))
+    return overflow, largest, flush, nonzero

@@ -1,0 +1,465 @@
+"""Stage: index. Builds read-only lookup structures over a model in one linear pass:
+values with their producer and consumers, nodes with resolved inputs, nested scopes for
+If/Loop/Scan bodies (outer-scope references resolved lexically), a topological order per
+scope, and the element type of every tensor (declared, or inferred from op signatures).
+
+Nothing here edits the model, except that subgraph tensors stored as external data are
+read in (checked like the main graph's), and a graph given out of order is noted so the
+writer can emit it sorted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import AttributeProto, TensorProto
+
+from ..errors import AutocastError
+from . import signatures
+
+NONTENSOR = -1  # sequences, maps, optionals: never converted
+GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling",
+                  "WhisperBeamSearch"}
+KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training",
+                          "ai.onnx.preview"}
+
+
+class Value:
+    __slots__ = ("name", "dtype", "scope", "producer", "out_port", "consumers", "kind", "graph_outputs",
+                 "declared", "initializer")
+
+    def __init__(self, name, scope, kind, dtype=None, producer=None, out_port=-1, initializer=None):
+        self.name = name
+        self.scope = scope
+        self.kind = kind                  # "input", "initializer", "node"
+        self.dtype = dtype                # onnx elem type, NONTENSOR, or None if unknown
+        self.producer = producer
+        self.out_port = out_port
+        self.consumers = []               # (Node, input port)
+        self.graph_outputs = ()           # (scope, index) of each graph output slot it fills
+        self.declared = dtype is not None
+        self.initializer = initializer    # TensorProto for initializers
+
+    def __repr__(self):
+        return f"Value({self.name!r}, {self.dtype})"
+
+
+class Node:
+    __slots__ = ("id", "proto", "scope", "pos", "op", "domain", "inputs", "outputs", "subscopes", "_name")
+
+    def __init__(self, id_, proto, scope, pos, op, domain, input_names, output_names):
+        self.id = id_
+        self.proto = proto
+        self.scope = scope
+        self.pos = pos
+        self.op = op
+        self.domain = domain
+        self.inputs = input_names   # replaced by list[Value | None] once resolved
+        self.outputs = output_names  # replaced by list[Value | None]
+        self.subscopes = ()
+        self._name = None
+
+    @property
+    def name(self) -> str:
+        if self._name is None:
+            self._name = self.proto.name
+        return self._name
+
+    @property
+    def label(self) -> str:
+        """A human name: the node name, or op type and position for unnamed nodes."""
+        return self.name or f"<{self.op} #{self.pos}{'' if self.scope.parent is None else ' in ' + self.scope.path}>"
+
+    def __repr__(self):
+        return f"Node({self.label})"
+
+
+class Scope:
+    __slots__ = ("id", "graph", "parent", "owner", "attr_name", "values", "nodes", "inputs", "outputs",
+                 "path", "order", "sorted", "value_info")
+
+    def __init__(self, id_, graph, parent, owner, attr_name, path):
+        self.id = id_
+        self.graph = graph
+        self.parent = parent
+        self.owner = owner
+        self.attr_name = attr_name
+        self.path = path
+        self.values = {}
+        self.nodes = []
+        self.inputs = []
+        self.outputs = []
+        self.order = None
+        self.sorted = True
+        self.value_info = {}
+
+    def resolve(self, name):
+        scope = self
+        while scope is not None:
+            value = scope.values.get(name)
+            if value is not None:
+                return value
+            scope = scope.parent
+        return None
+
+
+class GraphIndex:
+    """Everything the planner needs to read about a model, in linear-size structures."""
+
+    def __init__(self, model: onnx.ModelProto, where: str = "<model>", base_dir: Path | None = None):
+        self.model = model
+        self.where = where
+        self.base_dir = base_dir
+        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+        self.scopes: list[Scope] = []
+        self._output_rules: dict = {}
+        self.nodes: list[Node] = []
+        self.main = self._build_scope(model.graph, None, None, "", "main")
+        self._order_and_type_all()
+
+    # ---- construction -------------------------------------------------------------------
+    def _build_scope(self, graph, parent, owner, attr_name, path) -> Scope:
+        scope = Scope(len(self.scopes), graph, parent, owner, attr_name, path)
+        self.scopes.append(scope)
+        values = scope.values
+        for vi in graph.input:
+            value = Value(vi.name, scope, "input", _type_of(vi))
+            values[vi.name] = value
+            scope.inputs.append(value)
+        for init in graph.initializer:
+            if init.data_location == TensorProto.EXTERNAL:
+                if self.base_dir is None:
+                    raise AutocastError(f"initializer '{init.name}' uses external data but the model has no folder",
+                                        self.where, "load the model from its file")
+                from ..io import load_external_tensor
+
+                load_external_tensor(init, self.base_dir, self.where)
+            existing = values.get(init.name)
+            if existing is not None and existing.kind == "input":
+                existing.initializer = init  # an input with a default value: stays an input
+                continue
+            if existing is not None:
+                raise AutocastError(f"initializer name '{init.name}' is defined twice in graph {path}", self.where,
+                                    "rename one of them")
+            values[init.name] = Value(init.name, scope, "initializer", init.data_type, initializer=init)
+        for vi in graph.value_info:
+            scope.value_info[vi.name] = _type_of(vi)
+        for vi in graph.output:
+            if vi.name not in scope.value_info:
+                scope.value_info[vi.name] = _type_of(vi)
+
+        # Pass 1: record nodes and the values they define.
+        nodes = scope.nodes
+        all_nodes = self.nodes
+        node_ids = len(all_nodes)
+        for pos, proto in enumerate(graph.node):
+            node = Node(node_ids + pos, proto, scope, pos, proto.op_type, proto.domain, proto.input[:], None)
+            out_values = []
+            for port, name in enumerate(proto.output[:]):
+                if not name:
+                    out_values.append(None)
+                    continue
+                if name in values:
+                    raise AutocastError(f"tensor '{name}' is produced twice (by node {node.label} and another)",
+                                        self.where, "each tensor must have exactly one producer")
+                value = Value(name, scope, "node", None, node, port)
+                values[name] = value
+                out_values.append(value)
+            node.outputs = out_values
+            nodes.append(node)
+        all_nodes.extend(nodes)
+
+        # Pass 2: resolve inputs, check order.
+        for node in nodes:
+            in_values = []
+            for port, name in enumerate(node.inputs):
+                if not name:
+                    in_values.append(None)
+                    continue
+                value = values.get(name)
+                if value is None:
+                    value = scope.resolve(name) if parent is not None else None
+                    if value is None:
+                        raise AutocastError(f"node {node.label} reads tensor '{name}', which nothing produces",
+                                            self.where + ("" if parent is None else f" (subgraph {path})"),
+                                            "the graph is broken: re-export it")
+                elif value.producer is not None and value.producer.scope is scope and value.producer.pos >= node.pos:
+                    scope.sorted = False
+                value.consumers.append((node, port))
+                in_values.append(value)
+            node.inputs = in_values
+            if node.op in GRAPH_ATTR_OPS or node.domain not in KNOWN_NO_GRAPH_DOMAINS:
+                subs = []
+                for attr in node.proto.attribute:
+                    if attr.type == AttributeProto.GRAPH:
+                        subs.append(self._build_scope(attr.g, scope, node, attr.name,
+                                                      f"{path}/{node.label}.{attr.name}"))
+                    elif attr.type == AttributeProto.GRAPHS:
+                        for k, sub in enumerate(attr.graphs):
+                            subs.append(self._build_scope(sub, scope, node, attr.name,
+                                                          f"{path}/{node.label}.{attr.name}[{k}]"))
+                node.subscopes = tuple(subs)
+
+        for idx, vi in enumerate(graph.output):
+            value = scope.resolve(vi.name)
+            if value is None:
+                raise AutocastError(f"graph output '{vi.name}' is produced by nothing", self.where,
+                                    "the graph is broken: re-export it")
+            value.graph_outputs += ((scope, idx),)
+            scope.outputs.append(value)
+        return scope
+
+    # ---- order ------------------------------------------------------------------------
+    def _order_and_type_all(self) -> None:
+        for scope in self.scopes:
+            deps = self._outer_dependencies(scope) if not scope.sorted or any(n.subscopes for n in scope.nodes) else None
+            if scope.sorted and not self._has_late_outer_refs(scope, deps):
+                scope.order = scope.nodes
+            else:
+                scope.sorted = False
+                scope.order = self._toposort(scope, deps)
+        self._infer_types(self.main)
+
+    def _outer_dependencies(self, scope: Scope) -> dict:
+        """For each control-flow node of `scope`, the values of `scope` its bodies read."""
+        deps = {}
+        for node in scope.nodes:
+            if not node.subscopes:
+                continue
+            reads = []
+            stack = list(node.subscopes)
+            while stack:
+                sub = stack.pop()
+                for inner in sub.nodes:
+                    for value in inner.inputs:
+                        if value is not None and value.scope is scope:
+                            reads.append(value)
+                    stack.extend(inner.subscopes)
+                for value in sub.outputs:
+                    if value.scope is scope:
+                        reads.append(value)
+            deps[node] = reads
+        return deps
+
+    def _has_late_outer_refs(self, scope, deps) -> bool:
+        if not deps:
+            return False
+        for node, reads in deps.items():
+            for value in reads:
+                if value.producer is not None and value.producer.pos >= node.pos:
+                    return True
+        return False
+
+    def _toposort(self, scope: Scope, deps) -> list:
+        nodes = scope.nodes
+        indeg = [0] * len(nodes)
+        succ = [[] for _ in nodes]
+
+        def preds(node):
+            for value in node.inputs:
+                if value is not None and value.producer is not None and value.producer.scope is scope:
+                    yield value.producer
+            for value in (deps or {}).get(node, ()):
+                if value.producer is not None:
+                    yield value.producer
+
+        for node in nodes:
+            for p in preds(node):
+                succ[p.pos].append(node.pos)
+                indeg[node.pos] += 1
+        ready = [i for i in range(len(nodes)) if indeg[i] == 0]
+        ready.reverse()
+        order = []
+        while ready:
+            i = ready.pop()
+            order.append(nodes[i])
+            for j in reversed(succ[i]):
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    ready.append(j)
+        if len(order) != len(nodes):
+            import networkx as nx
+
+            graph = nx.DiGraph()
+            for node in nodes:
+                for p in preds(node):
+                    graph.add_edge(p.label, node.label)
+            try:
+                cycle = [edge[0] for edge in nx.find_cycle(graph)]
+            except nx.NetworkXNoCycle:  # pragma: no cover - Kahn's algorithm said there is one
+                cycle = []
+            raise AutocastError("the graph has a cycle: " + " -> ".join(cycle[:8] + cycle[:1]),
+                                self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
+                                "ONNX graphs must be acyclic; re-export the model")
+        return order
+
+    # ---- types ------------------------------------------------------------------------
+    def _infer_types(self, scope: Scope) -> None:
+        declared = scope.value_info
+        for node in scope.order:
+            for sub in node.subscopes:
+                self._infer_types(sub)
+            outs = node.outputs
+            for port, value in enumerate(outs):
+                if value is None:
+                    continue
+                dtype = self._infer_output(node, port)
+                if dtype is None:
+                    dtype = declared.get(value.name)
+                    value.declared = dtype is not None
+                value.dtype = dtype
+
+    def _infer_output(self, node: Node, port: int):
+        op = node.op
+        domain = node.domain
+        if domain in ("", "ai.onnx"):
+            special = _SPECIAL.get(op)
+            if special is not None:
+                result = special(node, port)
+                if result is not _FALLTHROUGH:
+                    return result
+        key = (domain, op, port, len(node.inputs))
+        rule = self._output_rules.get(key)
+        if rule is None:
+            rule = self._output_rules[key] = self._output_rule(domain, op, port, len(node.inputs))
+        if rule.__class__ is int:
+            return rule
+        inputs = node.inputs
+        for i in rule:
+            value = inputs[i]
+            if value is not None and value.dtype is not None:
+                return value.dtype
+        return None
+
+    def _output_rule(self, domain, op, port, n_inputs):
+        """How to type output `port`: a fixed element type (int), or the input ports (tuple)
+        whose type it takes."""
+        sig = signatures.lookup(domain, op, self.opsets.get("" if domain == "ai.onnx" else domain))
+        if sig is None:
+            return ()
+        param = sig.output_param(port)
+        if param is None:
+            return ()
+        allowed = sig.allowed(param)
+        if allowed is not None and len(allowed) == 1:
+            return next(iter(allowed))
+        return tuple(i for i in range(n_inputs) if sig.input_param(i) == param)
+
+    # ---- helpers ------------------------------------------------------------------------
+    def opset(self, domain: str = "") -> int | None:
+        return self.opsets.get("" if domain == "ai.onnx" else domain)
+
+
+def _type_of(value_info) -> int | None:
+    t = value_info.type
+    which = t.WhichOneof("value")
+    if which == "tensor_type":
+        return t.tensor_type.elem_type or None
+    if which is None:
+        return None
+    return NONTENSOR
+
+
+_FALLTHROUGH = object()
+
+
+def _attr(node: Node, name: str):
+    for attr in node.proto.attribute:
+        if attr.name == name:
+            return attr
+    return None
+
+
+def _input_dtype(node, i):
+    if i < len(node.inputs) and node.inputs[i] is not None:
+        return node.inputs[i].dtype
+    return None
+
+
+def _cast(node, port):
+    attr = _attr(node, "to")
+    return attr.i if attr is not None else None
+
+
+def _dtype_attr(default_from_input=None, default=None):
+    def infer(node, port):
+        attr = _attr(node, "dtype")
+        if attr is not None:
+            return attr.i
+        if default_from_input is not None:
+            return _input_dtype(node, default_from_input)
+        return default
+    return infer
+
+
+def _constant(node, port):
+    for attr in node.proto.attribute:
+        if attr.name == "value":
+            return attr.t.data_type
+        if attr.name == "sparse_value":
+            return attr.sparse_tensor.values.data_type
+        if attr.name in ("value_float", "value_floats"):
+            return TensorProto.FLOAT
+        if attr.name in ("value_int", "value_ints"):
+            return TensorProto.INT64
+        if attr.name in ("value_string", "value_strings"):
+            return TensorProto.STRING
+    return None
+
+
+def _constant_of_shape(node, port):
+    attr = _attr(node, "value")
+    return attr.t.data_type if attr is not None else TensorProto.FLOAT
+
+
+def _cast_like(node, port):
+    return _input_dtype(node, 1)
+
+
+def _body_output(offset):
+    def infer(node, port):
+        for sub in node.subscopes:
+            if sub.attr_name in ("then_branch", "body"):
+                k = port + offset
+                if k < len(sub.outputs):
+                    return sub.outputs[k].dtype if sub.outputs[k].dtype is not None else sub.value_info.get(
+                        sub.outputs[k].name)
+        return None
+    return infer
+
+
+def _quantize(node, port):
+    if port == 0:
+        zp = _input_dtype(node, 2)
+        if zp is not None:
+            return zp
+        attr = _attr(node, "output_dtype")
+        if attr is not None and attr.i:
+            return attr.i
+        return TensorProto.UINT8
+    return _FALLTHROUGH
+
+
+_SPECIAL = {
+    "Cast": _cast,
+    "CastLike": _cast_like,
+    "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
+    "EyeLike": _dtype_attr(default_from_input=0),
+    "RandomNormalLike": _dtype_attr(default_from_input=0),
+    "RandomUniformLike": _dtype_attr(default_from_input=0),
+    "Bernoulli": _dtype_attr(default_from_input=0),
+    "RandomNormal": _dtype_attr(default=TensorProto.FLOAT),
+    "RandomUniform": _dtype_attr(default=TensorProto.FLOAT),
+    "Multinomial": _dtype_attr(default=TensorProto.INT32),
+    "If": _body_output(0),
+    "Loop": _body_output(1),
+    "Scan": _body_output(0),
+    "QuantizeLinear": _quantize,
+}
+
+
+def build_index(model: onnx.ModelProto, where: str = "<model>", base_dir: Path | None = None) -> GraphIndex:
+    """Index `model`; raise AutocastError for broken graphs (cycles, dangling inputs, duplicates)."""
+    return GraphIndex(model, where, base_dir)

@@ -1,0 +1,183 @@
+"""The conversion pipeline: load -> index -> classify -> paint (plan) -> apply -> check -> save.
+`convert` is the Python API that mirrors `autocast-onnx convert`."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from .catalog import load_rules
+from .dtypes import PRECISION_OF
+from .errors import AutocastError
+from .graph import build_index
+from .io import LoadedModel, check_output_path, load_model, save_model, tensor_nbytes
+from .plan import PrecisionPlan, classify, global_order, paint
+from .rewrite import ApplyStats, apply_plan, check_result
+from .rewrite.checks import CHECK_LIMIT, check_file
+
+# Lowest default-domain opset whose Cast accepts each target type.
+MIN_OPSET = {"fp16": 6, "bf16": 13}
+
+
+@dataclass
+class ConversionResult:
+    model: onnx.ModelProto
+    plan: PrecisionPlan
+    stats: ApplyStats
+    initializer_bytes_before: int
+    initializer_bytes_after: int
+    seconds: dict = field(default_factory=dict)
+    output_files: list = field(default_factory=list)
+
+    @property
+    def casts_added(self) -> int:
+        return self.stats.casts_added
+
+
+@contextmanager
+def _no_gc():
+    """The index creates ~3 objects per node; the cyclic collector rescanning them all on every
+    generation-0 threshold would make indexing quadratic-looking on large graphs."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _compile_patterns(patterns, flag):
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as exc:
+            raise AutocastError(f"bad regex {p!r} for {flag}: {exc}", None, "fix the pattern") from None
+    return out
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    stack = [model.graph]
+    while stack:
+        graph = stack.pop()
+        total += sum(tensor_nbytes(t) for t in graph.initializer)
+        for node in graph.node:
+            if node.op_type in ("If", "Loop", "Scan") or node.domain not in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.type == onnx.AttributeProto.GRAPH:
+                        stack.append(attr.g)
+                    elif attr.type == onnx.AttributeProto.GRAPHS:
+                        stack.extend(attr.graphs)
+    return total
+
+
+def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp16", rules=(),
+            keep_io_types: bool = True, exclude_ops=(), exclude_nodes=(), include_nodes=(),
+            check: bool = True, copy: bool = True) -> ConversionResult:
+    """Convert a model to mixed precision.
+
+    `model` is a ModelProto (copied unless copy=False) or a path. `rules` are extra rule files,
+    applied in order over the default profile. Returns the converted model, the precision plan
+    (node -> precision and reasons) and statistics. Raises AutocastError on bad input.
+    """
+    timings = {}
+    t0 = time.perf_counter()
+    if isinstance(model, (str, os.PathLike)):
+        loaded = load_model(model)
+    else:
+        proto = onnx.ModelProto.FromString(model.SerializeToString()) if copy else model
+        loaded = LoadedModel(model=proto, path=None, file_bytes=0)
+    timings["load"] = time.perf_counter() - t0
+    return _convert_loaded(loaded, precision=precision, rules=rules, keep_io_types=keep_io_types,
+                           exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes,
+                           check=check, timings=timings)
+
+
+def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exclude_ops, exclude_nodes,
+                    include_nodes, check, timings) -> ConversionResult:
+    if precision not in ("fp16", "bf16"):
+        raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16")
+    target = PRECISION_OF[precision]
+    where = str(loaded.path) if loaded.path else "<model>"
+    model = loaded.model
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset < MIN_OPSET[precision]:
+        raise AutocastError(f"default-domain opset {opset} cannot express {precision} casts "
+                            f"(needs opset >= {MIN_OPSET[precision]})", where,
+                            "upgrade the model with onnx.version_converter first; autocast-onnx does not "
+                            "change the opset itself")
+    rule_set = load_rules(list(rules))
+    excl_nodes = _compile_patterns(exclude_nodes, "--exclude-node")
+    incl_nodes = _compile_patterns(include_nodes, "--include-node")
+    with _no_gc():
+        t = time.perf_counter()
+        bytes_before = _initializer_bytes(model)
+        index = build_index(model, where, loaded.path.parent if loaded.path else None)
+        timings["index"] = time.perf_counter() - t
+        t = time.perf_counter()
+        cls = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
+                       include_nodes=incl_nodes)
+        plan = paint(index, cls, target, keep_io_types, rule_set.files, order=global_order(index))
+        timings["plan"] = time.perf_counter() - t
+        t = time.perf_counter()
+        stats = apply_plan(index, plan, cls)
+        timings["apply"] = time.perf_counter() - t
+        bytes_after = _initializer_bytes(model)
+    if check:
+        t = time.perf_counter()
+        check_result(model, full=True)
+        timings["check"] = time.perf_counter() - t
+    return ConversionResult(model=model, plan=plan, stats=stats, initializer_bytes_before=bytes_before,
+                            initializer_bytes_after=bytes_after, seconds=timings)
+
+
+def default_output_path(in_path: Path, precision: str) -> Path:
+    return in_path.with_name(f"{in_path.stem}.{precision}{in_path.suffix or '.onnx'}")
+
+
+def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, **options) -> ConversionResult:
+    """Convert the model at `in_path` and write it atomically to `out_path` (default: beside the
+    input as NAME.fp16.onnx). Never writes over the input."""
+    in_path = Path(in_path)
+    precision = options.get("precision", "fp16")
+    out_path = Path(out_path) if out_path else default_output_path(in_path, precision)
+    check_output_path(out_path, in_path if in_path.exists() else None)
+    if plan_out is not None:
+        check_output_path(Path(plan_out), in_path if in_path.exists() else None)
+    start = time.perf_counter()
+    t = time.perf_counter()
+    loaded = load_model(in_path)
+    timings = {"load": time.perf_counter() - t}
+    check = options.pop("check", True)
+    big = loaded.model.ByteSize() > CHECK_LIMIT
+    result = _convert_loaded(loaded, check=check and not big, timings=timings, **_api_options(options))
+    t = time.perf_counter()
+    if external_data is None:
+        external_data = loaded.external_data or None
+    result.output_files = save_model(result.model, out_path, external_data=external_data, in_path=in_path)
+    if check and big:
+        check_file(out_path)
+    timings["save"] = time.perf_counter() - t
+    if plan_out is not None:
+        result.plan.save(plan_out)
+    timings["total"] = time.perf_counter() - start
+    return result
+
+
+def _api_options(options: dict) -> dict:
+    allowed = {"precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes", "include_nodes"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    return {"precision": options.get("precision", "fp16"), "rules": options.get("rules", ()),
+            "keep_io_types": options.get("keep_io_types", True), "exclude_ops": options.get("exclude_ops", ()),
+            "exclude_nodes": options.get("exclude_nodes", ()), "include_nodes": options.get("include_nodes", ())}

@@ -1,0 +1,262 @@
+"""Stage: classify. Reads the graph index and the rule set and says, for every node, its op
+category, which of its ports follow its precision, which are pinned fp32, and the data rules
+that fire on its constant inputs. Reads only; produces arrays for the painter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import numpy_helper
+
+from ..catalog import RuleSet
+from ..dtypes import FLOAT, MIXABLE, dtype_name, range_report
+from ..graph import GraphIndex, Node, Value
+from ..graph import signatures
+from .model import Reason
+
+CAT_CODE = {"low_precision": "L", "follow": "F", "keep_fp32": "K", "clear": "C", "non_float": "N"}
+CAT_NAME = {v: k for k, v in CAT_CODE.items()} | {"X": "control_flow"}
+
+# Inputs whose type never matters to the op (only shape or value passes through a cast).
+ANY_INPUTS = {
+    ("", "Shape"): None, ("", "Size"): None, ("", "Cast"): {0}, ("", "CastLike"): {0},
+    ("", "EyeLike"): {0}, ("", "RandomNormalLike"): {0}, ("", "RandomUniformLike"): {0},
+}
+# Ops whose float output type is set by an attribute rather than by an input.
+DTYPE_ATTR_OPS = {"Cast", "EyeLike", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform",
+                  "Bernoulli", "ConstantOfShape", "Constant"}
+
+
+@dataclass
+class Classification:
+    cat: list                   # per node id: L F K C N X
+    roles_in: list              # per node id: string of role chars, one per input
+    roles_out: list
+    seed: list                  # per node id: None, "deny", "allow" (forced) from rules/data
+    reasons: list               # per node id: list[Reason]
+    pins_in: list
+    pins_out: list
+    warnings: list = field(default_factory=list)
+    clamp: dict = field(default_factory=dict)      # initializer name -> why
+    flush_notes: dict = field(default_factory=dict)  # value id -> (message)
+    frozen: list = None
+
+
+class _Options:
+    def __init__(self, target, exclude_ops=(), exclude_nodes=(), include_nodes=()):
+        self.target = target
+        self.exclude_ops = set(exclude_ops)
+        self.exclude_nodes = list(exclude_nodes)
+        self.include_nodes = list(include_nodes)
+
+
+def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), exclude_nodes=(),
+             include_nodes=()) -> Classification:
+    n = len(index.nodes)
+    cls = Classification(cat=[None] * n, roles_in=[None] * n, roles_out=[None] * n, seed=[None] * n,
+                         reasons=[None] * n, pins_in=[()] * n, pins_out=[()] * n, frozen=[False] * n)
+    templates: dict = {}
+    range_cache: dict = {}
+    node_rules = rules.node_rules
+    has_name_rules = bool(node_rules or exclude_nodes or include_nodes)
+    excl_ops = set(exclude_ops)
+    warned_unknown = set()
+    thresholds = rules.thresholds
+    for node in index.nodes:
+        nid = node.id
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        op = node.op
+        reasons = []
+        op_rule = rules.ops.get((domain, op))
+        if node.subscopes:
+            cat = "X"
+            reasons.append(Reason("control-flow", "control flow: its subgraphs are planned node by node; "
+                                  "its own inputs and outputs keep their types"))
+        elif op_rule is not None:
+            cat = CAT_CODE[op_rule.category]
+            reasons.append(Reason("op-category", f"{op} is in category {op_rule.category}: {op_rule.why}",
+                                  str(op_rule.source)))
+        else:
+            cat = CAT_CODE[rules.unknown_op.category]
+            reasons.append(Reason("unknown-op", f"no rule names {domain + ':' if domain else ''}{op}; "
+                                  f"unknown ops are {rules.unknown_op.category}", str(rules.unknown_op.source)))
+            if (domain, op) not in warned_unknown:
+                warned_unknown.add((domain, op))
+                cls.warnings.append(("unknown-op", f"op {domain + ':' if domain else ''}{op} is not in any rule "
+                                     f"file; its nodes are {rules.unknown_op.category}", node.label))
+        cls.cat[nid] = cat
+
+        # Port roles.
+        key = (domain, op, len(node.inputs), len(node.outputs))
+        tmpl = templates.get(key)
+        if tmpl is None:
+            tmpl = templates[key] = _template(index, rules, domain, op, len(node.inputs), len(node.outputs), target)
+        t_in, t_out, pins_in, pins_out = tmpl
+        roles_in = []
+        unknown = False
+        for i, value in enumerate(node.inputs):
+            if value is None:
+                roles_in.append("x")
+                continue
+            dt = value.dtype
+            if dt in MIXABLE:
+                roles_in.append("o" if cat == "X" else t_in[i])
+            elif dt is None and t_in[i] == "p" and cat not in "NX":
+                roles_in.append("u")
+                unknown = True
+            else:
+                roles_in.append("x")
+        roles_out = []
+        for i, value in enumerate(node.outputs):
+            if value is None:
+                roles_out.append("x")
+                continue
+            dt = value.dtype
+            if op == "Cast" and domain == "":
+                roles_out.append("p" if dt in MIXABLE else "x")
+            elif dt in MIXABLE:
+                roles_out.append("o" if cat == "X" else t_out[i])
+            elif dt is None and t_out[i] == "p" and cat not in "NX":
+                roles_out.append("u")
+                unknown = True
+            else:
+                roles_out.append("x")
+        cls.roles_in[nid] = "".join(roles_in)
+        cls.roles_out[nid] = "".join(roles_out)
+        cls.pins_in[nid] = pins_in
+        cls.pins_out[nid] = pins_out
+        if unknown:
+            cls.frozen[nid] = True
+            reasons.append(Reason("unknown-type", "a float-capable input or output has no known type; "
+                                  "the node keeps its types and nothing is cast around it"))
+            cls.warnings.append(("unknown-type", f"node {node.label} ({op}) has tensors of unknown type; "
+                                 "it is left as it is", node.label))
+        if cat in "NX" or unknown:
+            cls.reasons[nid] = reasons
+            continue
+        if "p" not in cls.roles_in[nid] and "p" not in cls.roles_out[nid]:
+            cls.reasons[nid] = reasons
+            continue
+        if "p" not in t_in + t_out and "f" in t_in + t_out:
+            cls.seed[nid] = "deny"
+            reasons.append(Reason("schema", f"the schema of {op} at opset {index.opset(domain)} has no "
+                                  f"{dtype_name(target)} for this node's tensors"))
+
+        # Node-name and command-line rules (later overrides earlier; exclude beats include).
+        forced = None
+        if has_name_rules:
+            name = node.name
+            for rule in node_rules:
+                if rule.matches(name, op):
+                    forced = ("deny" if rule.precision == "fp32" else "allow",
+                              Reason("node-rule", f"node rule forces {rule.precision}"
+                                     + (f": {rule.why}" if rule.why else ""), str(rule.source)))
+            for pattern in include_nodes:
+                if pattern.search(name):
+                    forced = ("allow", Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
+            for pattern in exclude_nodes:
+                if pattern.search(name):
+                    forced = ("deny", Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
+        if op in excl_ops or f"{domain}:{op}" in excl_ops:
+            forced = ("deny", Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
+        if forced is not None:
+            cls.seed[nid] = forced[0]
+            reasons.append(forced[1])
+
+        # Data rules on constant inputs that would be converted.
+        if cat in "LFC" and cls.seed[nid] != "deny":
+            for i, value in enumerate(node.inputs):
+                if value is None or cls.roles_in[nid][i] != "p" or value.dtype != FLOAT:
+                    continue
+                verdict = range_cache.get(id(value))
+                if verdict is None:
+                    verdict = range_cache[id(value)] = _check_constant(value, target, thresholds)
+                if verdict is False:
+                    continue
+                kind, message, measured = verdict
+                if kind == "note":
+                    cls.flush_notes[id(value)] = (value.name, message)
+                    continue
+                if cls.seed[nid] == "allow":
+                    reasons.append(Reason(kind, f"{message}; converted anyway because a rule forces low "
+                                          "precision", value=measured))
+                    if value.kind == "initializer":
+                        cls.clamp[value.name] = message
+                    cls.warnings.append((kind, f"node {node.label}: {message}, forced to "
+                                         f"{dtype_name(target)} (values are clamped to the finite range)",
+                                         node.label))
+                else:
+                    cls.seed[nid] = "deny"
+                    reasons.append(Reason(kind, message, value=measured))
+        cls.reasons[nid] = reasons
+    return cls
+
+
+def _template(index, rules, domain, op, n_in, n_out, target):
+    sig = signatures.lookup(domain, op, index.opset(domain))
+    pin = rules.pins.get((domain, op))
+    pins_in = pin.inputs if pin else ()
+    pins_out = pin.outputs if pin else ()
+    any_in = ANY_INPUTS.get((domain, op), False)
+
+    def role(param, pinned):
+        if pinned:
+            return "f"
+        if sig is None or param is None:
+            return "p"
+        allowed = sig.allowed(param)
+        if allowed is None or target in allowed:
+            return "p"
+        if FLOAT in allowed:
+            return "f"
+        return "x"
+
+    t_in = []
+    for i in range(n_in):
+        if any_in is None or (any_in and i in any_in):
+            t_in.append("a")
+        else:
+            t_in.append(role(sig.input_param(i) if sig else None, i in pins_in))
+    t_out = [role(sig.output_param(i) if sig else None, i in pins_out) for i in range(n_out)]
+    return "".join(t_in), "".join(t_out), tuple(p for p in pins_in if p < n_in), tuple(p for p in pins_out if p < n_out)
+
+
+def constant_array(value: Value):
+    """The fp32 data of an initializer or Constant-node output, or None if not constant."""
+    if value.kind == "initializer":
+        return numpy_helper.to_array(value.initializer)
+    producer = value.producer
+    if producer is not None and producer.op == "Constant" and producer.domain in ("", "ai.onnx"):
+        for attr in producer.proto.attribute:
+            if attr.name == "value":
+                return numpy_helper.to_array(attr.t)
+            if attr.name == "value_float":
+                return np.array(attr.f, dtype=np.float32)
+            if attr.name == "value_floats":
+                return np.array(list(attr.floats), dtype=np.float32)
+    return None
+
+
+def _check_constant(value: Value, target: int, thresholds):
+    data = constant_array(value)
+    if data is None or data.size == 0:
+        return False
+    overflow, largest, flush, nonzero = range_report(data, target)
+    tname = dtype_name(target)
+    if overflow:
+        return ("data-range", f"constant '{value.name}' holds {overflow} value(s) beyond the {tname} range "
+                f"(largest |x| = {largest:.4g})", largest)
+    if flush:
+        small = thresholds["small_constant_elements"]
+        tiny = float(np.abs(data[(data != 0)]).min())
+        fraction = flush / max(nonzero, 1)
+        if data.size <= small:
+            return ("data-flush", f"small constant '{value.name}' has nonzero value(s) that flush to zero in "
+                    f"{tname} (smallest |x| = {tiny:.3g})", tiny)
+        if fraction > thresholds["max_flush_fraction"]:
+            return ("data-flush", f"{fraction:.2%} of the nonzero values of '{value.name}' flush to zero in "
+                    f"{tname}", fraction)
+        return ("note", f"{flush} of {nonzero} nonzero values of '{value.name}' flush to zero in {tname} "
+                f"({fraction:.3%}, under max_flush_fraction)", fraction)
+    return False

@@ -1,0 +1,328 @@
+"""Stage: apply the plan. The only module that edits the graph.
+
+For every tensor it works out the type its producer now gives it and the type each consumer
+needs; where they differ it adds one Cast per (tensor, type), shared by all consumers and
+placed in the graph that defines the tensor, right after its producer. Initializers get one
+converted copy per type that is needed (converted in place when nobody needs the original).
+Graph outputs keep their names and, by default, their types. Existing Casts and dtype
+attributes (Cast.to, ConstantOfShape.value, EyeLike/Random*.dtype, Constant.value) are
+retargeted to the node's planned type. Nodes are written back in topological order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, PRECISION_OF, bf16_bits_to_float, dtype_name, float_to_bf16_bits
+from ..errors import InternalCheckError
+from ..graph import GraphIndex
+from ..plan.classify import Classification
+from ..plan.model import PrecisionPlan
+
+
+@dataclass
+class ApplyStats:
+    casts_added: int = 0
+    initializers_converted: int = 0
+    initializer_copies: int = 0
+    attributes_retargeted: int = 0
+    clamped_values: int = 0
+    outputs_renamed: list = field(default_factory=list)
+
+
+class _Names:
+    """Collision-free, deterministic names for new tensors and nodes."""
+
+    def __init__(self, index: GraphIndex):
+        self.tensors = set()
+        for scope in index.scopes:
+            self.tensors.update(scope.values)
+            for vi in scope.graph.output:
+                self.tensors.add(vi.name)
+        self._index = index
+        self._nodes = None
+
+    @staticmethod
+    def _fresh(base: str, taken: set) -> str:
+        name = base
+        k = 1
+        while name in taken:
+            name = f"{base}_{k}"
+            k += 1
+        taken.add(name)
+        return name
+
+    def fresh(self, base: str) -> str:
+        """A tensor name used nowhere in the model (any graph)."""
+        return self._fresh(base, self.tensors)
+
+    def fresh_node(self, base: str) -> str:
+        """A node name used by no other node (built on first use: most conversions need few)."""
+        if self._nodes is None:
+            self._nodes = {node.name for node in self._index.nodes}
+        return self._fresh(base, self._nodes)
+
+
+def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> ApplyStats:
+    stats = ApplyStats()
+    target = PRECISION_OF[plan.target]
+    keep_io = plan.keep_io_types
+    nodes = index.nodes
+    roles_in, roles_out = cls.roles_in, cls.roles_out
+    node_type = [None] * len(nodes)
+    for entry in plan.nodes:
+        if entry.precision != "unchanged":
+            node_type[entry.id] = PRECISION_OF[entry.precision]
+
+    # 1. The type each value will have.
+    new_type = {}
+    for node in nodes:
+        t = node_type[node.id]
+        ro = roles_out[node.id]
+        for k, value in enumerate(node.outputs):
+            if value is None:
+                continue
+            role = ro[k]
+            if role == "p" and t is not None and t != value.dtype:
+                new_type[value] = t
+            elif role == "f" and value.dtype != FLOAT and value.dtype in MIXABLE:
+                new_type[value] = FLOAT
+
+    def requirement(consumer, port, value):
+        role = roles_in[consumer.id][port]
+        if role == "f":
+            return FLOAT
+        if role == "p":
+            t = node_type[consumer.id]
+            return t if t is not None else value.dtype
+        if role == "o":
+            return value.dtype
+        return None
+
+    main_inputs = set(index.main.inputs) if not keep_io else set()
+    for value in main_inputs:
+        if value.dtype not in MIXABLE:
+            continue
+        needs = {requirement(c, p, value) for c, p in value.consumers} - {None}
+        if needs == {target} and not value.graph_outputs:
+            new_type[value] = target
+
+    names = _Names(index)
+    # scope id -> list of new nodes to place at the head, and node id -> casts to place after it
+    head: dict[int, list] = {}
+    after: dict[int, list] = {}
+    new_inits: dict[int, list] = {}
+
+    def cast_node(src_name, dst_name, to):
+        node = helper.make_node("Cast", [src_name], [dst_name], name=names.fresh_node(dst_name), to=to)
+        stats.casts_added += 1
+        return node
+
+    def place(value, node_proto):
+        if value.producer is not None:
+            after.setdefault(value.producer.id, []).append(node_proto)
+        else:
+            head.setdefault(value.scope.id, []).append(node_proto)
+
+    for scope in index.scopes:
+        for value in scope.values.values():
+            if value.dtype not in MIXABLE:
+                continue
+            have = new_type.get(value, value.dtype)
+            wanted: dict[int, list] = {}
+            for consumer, port in value.consumers:
+                need = requirement(consumer, port, value)
+                if need is not None and need != have:
+                    wanted.setdefault(need, []).append((consumer, port))
+            out_need = None
+            if value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
+                out_need = value.dtype
+            if not wanted and out_need is None:
+                continue
+            if value.kind == "initializer":
+                _convert_initializer(value, have, wanted, out_need, names, new_inits, plan, stats)
+                continue
+            src_name = value.name
+            if out_need is not None:
+                # The graph output keeps its name and type: the producer writes a renamed tensor and a
+                # Cast restores the original name.
+                internal = names.fresh(f"{value.name}_{dtype_name(have)}")
+                producer = value.producer
+                producer.proto.output[value.out_port] = internal
+                for consumer, port in value.consumers:
+                    need = requirement(consumer, port, value)
+                    if need is None or need == have:
+                        consumer.proto.input[port] = internal
+                place(value, cast_node(internal, value.name, out_need))
+                stats.outputs_renamed.append(value.name)
+                src_name = internal
+                if out_need in wanted:
+                    # consumers wanting the original type read the graph output itself
+                    wanted.pop(out_need)
+            for need, users in wanted.items():
+                cast_out = names.fresh(f"{value.name}_{dtype_name(need)}")
+                place(value, cast_node(src_name, cast_out, need))
+                for consumer, port in users:
+                    consumer.proto.input[port] = cast_out
+
+    # 2. Attributes of retyped nodes.
+    for node in nodes:
+        t = node_type[node.id]
+        if t is None or node.domain not in ("", "ai.onnx"):
+            continue
+        op = node.op
+        if op == "Cast":
+            if roles_out[node.id][:1] == "p":
+                _set_int_attr(node.proto, "to", t, stats)
+        elif op in ("EyeLike", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform", "Bernoulli"):
+            if roles_out[node.id][:1] == "p":
+                _set_int_attr(node.proto, "dtype", t, stats)
+        elif op == "ConstantOfShape":
+            if node.outputs[0] in new_type:
+                _retype_constant_of_shape(node.proto, t, stats)
+        elif op == "Constant":
+            if node.outputs[0] in new_type:
+                _retype_constant(node.proto, t, node.outputs[0].name in plan.clamp_initializers, stats)
+
+    # 3. Declared types: value_info, graph inputs and outputs.
+    by_scope: dict[int, dict] = {}
+    for value, t in new_type.items():
+        by_scope.setdefault(value.scope.id, {})[value.name] = t
+    for scope in index.scopes:
+        changed = by_scope.get(scope.id)
+        if changed:
+            for vi in scope.graph.value_info:
+                t = changed.get(vi.name)
+                if t is not None and vi.type.HasField("tensor_type"):
+                    vi.type.tensor_type.elem_type = t
+        if scope is index.main and not keep_io:
+            for vi in scope.graph.input:
+                v = scope.values.get(vi.name)
+                if v in new_type:
+                    vi.type.tensor_type.elem_type = new_type[v]
+            for vi, v in zip(scope.graph.output, scope.outputs):
+                if v in new_type and vi.type.HasField("tensor_type"):
+                    vi.type.tensor_type.elem_type = new_type[v]
+
+    # 4. Write nodes back in order, with the new casts in place.
+    # Innermost graphs first: a body graph is edited through its owner node's proto, which must
+    # not have been copied into its parent's rebuilt node list yet.
+    for scope in reversed(index.scopes):
+        graph = scope.graph
+        extra = new_inits.get(scope.id)
+        if extra:
+            graph.initializer.extend(extra)
+        first = head.get(scope.id, [])
+        if not first and scope.sorted and not any(n.id in after for n in scope.nodes):
+            continue
+        ordered = list(first)
+        for node in scope.order:
+            ordered.append(node.proto)
+            ordered.extend(after.get(node.id, ()))
+        del graph.node[:]
+        graph.node.extend(ordered)
+    return stats
+
+
+def _set_int_attr(proto, name, value, stats):
+    for attr in proto.attribute:
+        if attr.name == name:
+            if attr.i != value:
+                attr.i = value
+                stats.attributes_retargeted += 1
+            return
+    proto.attribute.append(helper.make_attribute(name, value))
+    stats.attributes_retargeted += 1
+
+
+def convert_array(data: np.ndarray, src: int, dst: int, clamp: bool = False):
+    """Convert array `data` stored as `src` into a TensorProto payload of type `dst`:
+    returns (raw bytes, clamped count)."""
+    if src == BFLOAT16:
+        data = bf16_bits_to_float(data.view(np.uint16) if data.dtype != np.uint16 else data)
+    values = np.asarray(data, dtype=np.float32)
+    clamped = 0
+    if dst == FLOAT:
+        return values.astype("<f4").tobytes(), 0
+    if clamp:
+        limit = 65504.0 if dst == FLOAT16 else 3.3895313892515355e38
+        finite = np.isfinite(values)
+        over = finite & (np.abs(values) > limit)
+        clamped = int(over.sum())
+        values = np.where(over, np.sign(values) * limit, values).astype(np.float32)
+    if dst == FLOAT16:
+        with np.errstate(over="ignore"):
+            return values.astype("<f2").tobytes(), clamped
+    if dst == BFLOAT16:
+        return float_to_bf16_bits(values).astype("<u2").tobytes(), clamped
+    raise InternalCheckError(f"cannot convert to {dst}")
+
+
+def _tensor_array(tensor: TensorProto) -> np.ndarray:
+    if tensor.data_type == BFLOAT16:
+        if tensor.HasField("raw_data"):
+            return np.frombuffer(tensor.raw_data, dtype="<u2").reshape(tuple(tensor.dims))
+        return np.asarray(tensor.int32_data, dtype=np.uint16).reshape(tuple(tensor.dims))
+    return numpy_helper.to_array(tensor)
+
+
+def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool, stats) -> TensorProto:
+    raw, clamped = convert_array(_tensor_array(tensor), tensor.data_type, dst, clamp)
+    stats.clamped_values += clamped
+    out = TensorProto()
+    out.name = name
+    out.dims.extend(tensor.dims)
+    out.data_type = dst
+    out.raw_data = raw
+    return out
+
+
+def _convert_initializer(value, have, wanted, out_need, names, new_inits, plan, stats):
+    tensor = value.initializer
+    clamp = value.name in plan.clamp_initializers
+    needs_original = out_need is not None or any(
+        True for c, p in value.consumers if not any((c, p) in users for users in wanted.values()))
+    types = list(wanted)
+    if not needs_original and len(types) == 1:
+        converted = _converted_tensor(tensor, tensor.name, types[0], clamp, stats)
+        tensor.CopyFrom(converted)
+        stats.initializers_converted += 1
+        return
+    for need in types:
+        copy_name = names.fresh(f"{value.name}_{dtype_name(need)}")
+        new_inits.setdefault(value.scope.id, []).append(_converted_tensor(tensor, copy_name, need, clamp, stats))
+        stats.initializer_copies += 1
+        for consumer, port in wanted[need]:
+            consumer.proto.input[port] = copy_name
+
+
+def _retype_constant_of_shape(proto, t, stats):
+    for attr in proto.attribute:
+        if attr.name == "value":
+            attr.t.CopyFrom(_converted_tensor(attr.t, attr.t.name, t, False, stats))
+            stats.attributes_retargeted += 1
+            return
+    zero = TensorProto()
+    zero.dims.append(1)
+    zero.data_type = t
+    zero.raw_data = b"\0\0" if t in (FLOAT16, BFLOAT16) else b"\0\0\0\0"
+    proto.attribute.append(helper.make_attribute("value", zero))
+    stats.attributes_retargeted += 1
+
+
+def _retype_constant(proto, t, clamp, stats):
+    for k, attr in enumerate(proto.attribute):
+        if attr.name == "value" and attr.type == AttributeProto.TENSOR:
+            attr.t.CopyFrom(_converted_tensor(attr.t, attr.t.name, t, clamp, stats))
+            stats.attributes_retargeted += 1
+            return
+        if attr.name in ("value_float", "value_floats"):
+            data = np.array(attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float32)
+            tensor = numpy_helper.from_array(data)
+            del proto.attribute[k]
+            proto.attribute.append(helper.make_attribute("value", _converted_tensor(tensor, "", t, clamp, stats)))
+            stats.attributes_retargeted += 1
+            return
