@@ -22,6 +22,11 @@ from .plan import PrecisionPlan, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
 
+# Checks run on every converted model: "basic" is onnx.checker (structure, schemas, attributes);
+# "full" adds ONNX shape and type inference over the whole graph (as slow as the conversion itself
+# on large graphs; the test suite runs it on every model it converts).
+CHECKS = ("full", "basic", "none")
+
 # Lowest default-domain opset whose Cast accepts each target type.
 MIN_OPSET = {"fp16": 6, "bf16": 13}
 
@@ -64,25 +69,18 @@ def _compile_patterns(patterns, flag):
     return out
 
 
-def _initializer_bytes(model: onnx.ModelProto) -> int:
+def _initializer_bytes(index) -> int:
     total = 0
-    stack = [model.graph]
-    while stack:
-        graph = stack.pop()
-        total += sum(tensor_nbytes(t) for t in graph.initializer)
-        for node in graph.node:
-            if node.op_type in ("If", "Loop", "Scan") or node.domain not in ("", "ai.onnx"):
-                for attr in node.attribute:
-                    if attr.type == onnx.AttributeProto.GRAPH:
-                        stack.append(attr.g)
-                    elif attr.type == onnx.AttributeProto.GRAPHS:
-                        stack.extend(attr.graphs)
+    for scope in index.scopes:
+        for value in scope.values.values():
+            if value.initializer is not None:
+                total += tensor_nbytes(value.initializer)
     return total
 
 
 def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp16", rules=(),
             keep_io_types: bool = True, exclude_ops=(), exclude_nodes=(), include_nodes=(),
-            check: bool = True, copy: bool = True) -> ConversionResult:
+            check: str = "basic", copy: bool = True) -> ConversionResult:
     """Convert a model to mixed precision.
 
     `model` is a ModelProto (copied unless copy=False) or a path. `rules` are extra rule files,
@@ -120,8 +118,8 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
     incl_nodes = _compile_patterns(include_nodes, "--include-node")
     with _no_gc():
         t = time.perf_counter()
-        bytes_before = _initializer_bytes(model)
         index = build_index(model, where, loaded.path.parent if loaded.path else None)
+        bytes_before = _initializer_bytes(index)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
         cls = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
@@ -131,10 +129,12 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
         t = time.perf_counter()
         stats = apply_plan(index, plan, cls)
         timings["apply"] = time.perf_counter() - t
-        bytes_after = _initializer_bytes(model)
-    if check:
+        bytes_after = bytes_before + stats.initializer_bytes_delta
+    if check not in CHECKS:
+        raise AutocastError(f"unknown check level {check!r}", "--check", "use full, basic or none")
+    if check != "none":
         t = time.perf_counter()
-        check_result(model, full=True)
+        check_result(model, full=check == "full")
         timings["check"] = time.perf_counter() - t
     return ConversionResult(model=model, plan=plan, stats=stats, initializer_bytes_before=bytes_before,
                             initializer_bytes_after=bytes_after, seconds=timings)
@@ -157,15 +157,17 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
     t = time.perf_counter()
     loaded = load_model(in_path)
     timings = {"load": time.perf_counter() - t}
-    check = options.pop("check", True)
-    big = loaded.model.ByteSize() > CHECK_LIMIT
-    result = _convert_loaded(loaded, check=check and not big, timings=timings, **_api_options(options))
+    check = options.pop("check", "basic")
+    # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
+    # tells whether the checker can take it in memory without serializing it to find out.
+    big = loaded.external_data or loaded.file_bytes * 1.5 > CHECK_LIMIT
+    result = _convert_loaded(loaded, check="none" if big else check, timings=timings, **_api_options(options))
     t = time.perf_counter()
     if external_data is None:
-        external_data = loaded.external_data or None
+        external_data = True if loaded.external_data else (None if big else False)
     result.output_files = save_model(result.model, out_path, external_data=external_data, in_path=in_path)
-    if check and big:
-        check_file(out_path)
+    if check != "none" and big:
+        check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t
     if plan_out is not None:
         result.plan.save(plan_out)

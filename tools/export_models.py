@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx.version_converter
+import onnx.defs
+import onnx.numpy_helper
+import onnx.shape_inference
 import onnxruntime as ort
 import torch
 from torch import nn
@@ -77,6 +79,22 @@ def perturb_trivial_params(model: nn.Module, seed: int = SEED) -> None:
                 p.add_(0.02 * torch.randn(p.shape, generator=gen))
 
 
+def save_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Like ``np.savez_compressed`` (loadable with ``np.load``) but with fixed
+    zip timestamps so that regenerating gives byte-identical files."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(arr), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, buf.getvalue())
+
+
 def _node_name_from_scopes(node: onnx.NodeProto, strip_first: bool) -> str | None:
     scopes = None
     for prop in node.metadata_props:
@@ -100,12 +118,14 @@ def _node_name_from_scopes(node: onnx.NodeProto, strip_first: bool) -> str | Non
 
 
 def optimize_graph(model_ir) -> onnx.ModelProto:
-    """The exporter's default clean-up (constant folding + rewrites) minus
-    the rules that fold BatchNormalization into Conv/Gemm: the example CNNs
-    must keep their BatchNormalization nodes."""
+    """Same clean-up as the exporter's ``optimize=True`` (constant folding,
+    pattern rewrites, constant lifting, CSE) except for the rules that fold
+    BatchNormalization into Conv/Gemm: the example CNNs must keep their
+    BatchNormalization nodes."""
     import onnx_ir as ir
     import onnxscript.optimizer as optimizer
     import onnxscript.rewriter as rewriter
+    from onnx_ir.passes import common as common_passes
     from onnxscript.rewriter.rules import common as common_rules
 
     bn_rules = (
@@ -117,8 +137,107 @@ def optimize_graph(model_ir) -> onnx.ModelProto:
     for _ in range(2):
         optimizer.fold_constants(model_ir)
         rewriter.rewrite(model_ir, pattern_rewrite_rules=rules)
-    optimizer.remove_unused_nodes(model_ir)
+    ir.passes.Sequential(
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(),
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.OutputFixPass(),
+        common_passes.NameFixPass(),
+    )(model_ir)
     return ir.serde.serialize_model(model_ir)
+
+
+_REDUCE_OPS = {
+    "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+}
+
+
+def _const_value(model: onnx.ModelProto, name: str) -> np.ndarray:
+    for init in model.graph.initializer:
+        if init.name == name:
+            return onnx.numpy_helper.to_array(init)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            return onnx.numpy_helper.to_array(node.attribute[0].t)
+    raise ValueError(f"{name} is not a constant")
+
+
+def downgrade_18_to_17(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite the few operators whose opset-18 form differs from opset 17.
+
+    The exporter works in opset 18.  onnx's C++ version converter has no
+    18->17 adapter for Split and leaves ``noop_with_empty_axes`` on Reduce*
+    nodes, so the handful of relevant changes are done here explicitly and
+    anything else that changed in opset 18 is refused.
+    """
+    model = onnx.shape_inference.infer_shapes(model)
+    shapes = {}
+    for vi in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    for init in model.graph.initializer:
+        shapes[init.name] = list(init.dims)
+
+    new_inits = []
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            raise ValueError(f"non-standard op {node.domain}::{node.op_type}")
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "Split":
+            if "num_outputs" in attrs:
+                axis = attrs["axis"].i if "axis" in attrs else 0
+                shape = shapes.get(node.input[0])
+                if shape is None or shape[axis] is None:
+                    raise ValueError(f"{node.name}: Split on a dynamic axis cannot go to opset 17")
+                total, n = shape[axis], attrs["num_outputs"].i
+                chunk = -(-total // n)
+                sizes = [chunk] * (n - 1) + [total - chunk * (n - 1)]
+                split_name = f"{node.output[0]}__split_sizes"
+                new_inits.append(onnx.numpy_helper.from_array(np.array(sizes, np.int64), split_name))
+                node.attribute.remove(attrs["num_outputs"])
+                while len(node.input) < 2:
+                    node.input.append("")
+                node.input[1] = split_name
+        elif node.op_type in _REDUCE_OPS:
+            noop = attrs.get("noop_with_empty_axes")
+            axes = None
+            if len(node.input) > 1 and node.input[1]:
+                axes = _const_value(model, node.input[1]).astype(np.int64).ravel().tolist()
+                del node.input[1:]
+            if noop is not None:
+                if noop.i != 0 and not axes:
+                    raise ValueError(f"{node.name}: noop_with_empty_axes=1 has no opset-17 form")
+                node.attribute.remove(noop)
+            if axes:
+                node.attribute.append(onnx.helper.make_attribute("axes", axes))
+        elif node.op_type == "Pad":
+            if len(node.input) > 3 and node.input[3]:
+                raise ValueError(f"{node.name}: Pad with axes has no opset-17 form")
+        elif node.op_type == "Resize":
+            for name in ("antialias", "keep_aspect_ratio_policy", "axes"):
+                if name in attrs:
+                    raise ValueError(f"{node.name}: Resize attribute {name} has no opset-17 form")
+        elif node.op_type in ("ScatterElements", "ScatterND"):
+            if "reduction" in attrs and attrs["reduction"].s in (b"max", b"min"):
+                raise ValueError(f"{node.name}: reduction max/min has no opset-17 form")
+        else:
+            s17 = onnx.defs.get_schema(node.op_type, 17).since_version
+            s18 = onnx.defs.get_schema(node.op_type, 18).since_version
+            if s17 != s18:
+                raise ValueError(f"{node.name}: {node.op_type} changed in opset 18; no downgrade rule")
+    model.graph.initializer.extend(new_inits)
+
+    # drop initializers nobody reads any more (e.g. Reduce axes)
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    del model.opset_import[:]
+    model.opset_import.append(onnx.helper.make_opsetid("", TARGET_OPSET))
+    return model
 
 
 def finalize_model(model: onnx.ModelProto, strip_first_scope: bool, doc: str) -> onnx.ModelProto:
@@ -136,13 +255,8 @@ def finalize_model(model: onnx.ModelProto, strip_first_scope: bool, doc: str) ->
         vi.doc_string = ""
     for init in model.graph.initializer:
         init.doc_string = ""
-    model = onnx.version_converter.convert_version(model, TARGET_OPSET)
-    # keep only the default domain import
-    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    del model.opset_import[:]
-    model.opset_import.extend(opsets)
+    model = downgrade_18_to_17(model)
     model.doc_string = doc
-    model.graph.name = Path(doc.split(":")[0]).stem if ":" in doc else model.graph.name
     return model
 
 
@@ -346,6 +460,8 @@ def build_gpt2() -> dict:
         n_layer=2,
         n_head=4,
         n_positions=64,
+        bos_token_id=999,
+        eos_token_id=999,
         use_cache=False,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
@@ -573,7 +689,7 @@ def build_digits() -> dict:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
         if (epoch + 1) % 10 == 0:
             model.eval()
             with torch.no_grad():
@@ -593,7 +709,7 @@ def build_digits() -> dict:
         doc="digits_cnn: Conv(1->16)+BN+ReLU, Conv(16->32)+BN+ReLU, MaxPool, Linear(512->64)+LayerNorm+ReLU, Linear(64->10), Softmax; trained on sklearn digits",
     )
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(DATA_DIR / "digits_test.npz", x=x_te.astype(np.float32), y=y_te.astype(np.int64))
+    save_npz(DATA_DIR / "digits_test.npz", x=x_te.astype(np.float32), y=y_te.astype(np.int64))
 
     stats = check_and_compare(
         path, model, [{"pixels": x_te[:7]}, {"pixels": x_te[:1]}, {"pixels": x_te}]

@@ -10,7 +10,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
-from ..dtypes import FLOAT, MIXABLE, dtype_name, range_report
+from ..dtypes import FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name, range_report
 from ..graph import GraphIndex, Node, Value
 from ..graph import signatures
 from .model import Reason
@@ -57,34 +57,26 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
     cls = Classification(cat=[None] * n, roles_in=[None] * n, roles_out=[None] * n, seed=[None] * n,
                          reasons=[None] * n, pins_in=[()] * n, pins_out=[()] * n, frozen=[False] * n)
     templates: dict = {}
-    range_cache: dict = {}
     node_rules = rules.node_rules
     has_name_rules = bool(node_rules or exclude_nodes or include_nodes)
     excl_ops = set(exclude_ops)
-    warned_unknown = set()
     thresholds = rules.thresholds
+    category_of: dict = {}    # (domain, op) -> (category code, shared Reason)
+    pending_data = []         # (node, port, value) whose constant input must pass the data rules
+    control_reason = Reason("control-flow", "control flow: its subgraphs are planned node by node; "
+                            "its own inputs and outputs keep their types")
     for node in index.nodes:
         nid = node.id
         domain = "" if node.domain == "ai.onnx" else node.domain
         op = node.op
-        reasons = []
-        op_rule = rules.ops.get((domain, op))
         if node.subscopes:
-            cat = "X"
-            reasons.append(Reason("control-flow", "control flow: its subgraphs are planned node by node; "
-                                  "its own inputs and outputs keep their types"))
-        elif op_rule is not None:
-            cat = CAT_CODE[op_rule.category]
-            reasons.append(Reason("op-category", f"{op} is in category {op_rule.category}: {op_rule.why}",
-                                  str(op_rule.source)))
+            cat, first = "X", control_reason
         else:
-            cat = CAT_CODE[rules.unknown_op.category]
-            reasons.append(Reason("unknown-op", f"no rule names {domain + ':' if domain else ''}{op}; "
-                                  f"unknown ops are {rules.unknown_op.category}", str(rules.unknown_op.source)))
-            if (domain, op) not in warned_unknown:
-                warned_unknown.add((domain, op))
-                cls.warnings.append(("unknown-op", f"op {domain + ':' if domain else ''}{op} is not in any rule "
-                                     f"file; its nodes are {rules.unknown_op.category}", node.label))
+            known = category_of.get((domain, op))
+            if known is None:
+                known = category_of[(domain, op)] = _category(rules, domain, op, node, cls.warnings)
+            cat, first = known
+        reasons = [first]
         cls.cat[nid] = cat
 
         # Port roles.
@@ -164,33 +156,49 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
             cls.seed[nid] = forced[0]
             reasons.append(forced[1])
 
-        # Data rules on constant inputs that would be converted.
+        # Constant inputs that would be converted go through the data rules (batched below).
         if cat in "LFC" and cls.seed[nid] != "deny":
+            ri = cls.roles_in[nid]
             for i, value in enumerate(node.inputs):
-                if value is None or cls.roles_in[nid][i] != "p" or value.dtype != FLOAT:
-                    continue
-                verdict = range_cache.get(id(value))
-                if verdict is None:
-                    verdict = range_cache[id(value)] = _check_constant(value, target, thresholds)
-                if verdict is False:
-                    continue
-                kind, message, measured = verdict
-                if kind == "note":
-                    cls.flush_notes[id(value)] = (value.name, message)
-                    continue
-                if cls.seed[nid] == "allow":
-                    reasons.append(Reason(kind, f"{message}; converted anyway because a rule forces low "
-                                          "precision", value=measured))
-                    if value.kind == "initializer":
-                        cls.clamp[value.name] = message
-                    cls.warnings.append((kind, f"node {node.label}: {message}, forced to "
-                                         f"{dtype_name(target)} (values are clamped to the finite range)",
-                                         node.label))
-                else:
-                    cls.seed[nid] = "deny"
-                    reasons.append(Reason(kind, message, value=measured))
+                if value is not None and ri[i] == "p" and value.dtype == FLOAT and (
+                        value.kind == "initializer" or (value.producer is not None and value.producer.op == "Constant")):
+                    pending_data.append((node, value))
         cls.reasons[nid] = reasons
+
+    verdicts = _check_constants({id(v): v for _, v in pending_data}.values(), target, thresholds)
+    for node, value in pending_data:
+        verdict = verdicts.get(id(value))
+        if verdict is None:
+            continue
+        nid = node.id
+        kind, message, measured = verdict
+        if kind == "note":
+            cls.flush_notes[id(value)] = (value.name, message)
+            continue
+        if cls.seed[nid] == "allow":
+            cls.reasons[nid].append(Reason(kind, f"{message}; converted anyway because a rule forces low "
+                                           "precision", value=measured))
+            if value.kind == "initializer":
+                cls.clamp[value.name] = message
+            cls.warnings.append((kind, f"node {node.label}: {message}, forced to "
+                                 f"{dtype_name(target)} (values are clamped to the finite range)", node.label))
+        elif cls.seed[nid] != "deny":
+            cls.seed[nid] = "deny"
+            cls.reasons[nid].append(Reason(kind, message, value=measured))
     return cls
+
+
+def _category(rules, domain, op, node, warnings):
+    op_rule = rules.ops.get((domain, op))
+    if op_rule is not None:
+        return CAT_CODE[op_rule.category], Reason(
+            "op-category", f"{op} is in category {op_rule.category}: {op_rule.why}", str(op_rule.source))
+    qualified = f"{domain}:{op}" if domain else op
+    warnings.append(("unknown-op", f"op {qualified} is not in any rule file; its nodes are "
+                     f"{rules.unknown_op.category}", node.label))
+    return CAT_CODE[rules.unknown_op.category], Reason(
+        "unknown-op", f"no rule names {qualified}; unknown ops are {rules.unknown_op.category}",
+        str(rules.unknown_op.source))
 
 
 def _template(index, rules, domain, op, n_in, n_out, target):
@@ -238,10 +246,44 @@ def constant_array(value: Value):
     return None
 
 
-def _check_constant(value: Value, target: int, thresholds):
-    data = constant_array(value)
-    if data is None or data.size == 0:
-        return False
+def _check_constants(values, target: int, thresholds) -> dict:
+    """Data-rule verdicts for fp32 constants, keyed by id(value); values that pass are absent.
+    Initializers stored as raw bytes are checked in one vectorised pass over all of them."""
+    out = {}
+    raws, owners = [], []
+    for value in values:
+        tensor = value.initializer if value.kind == "initializer" else None
+        if tensor is not None and tensor.HasField("raw_data"):
+            raw = tensor.raw_data
+            if raw:
+                raws.append(raw)
+                owners.append(value)
+            continue
+        data = constant_array(value)
+        if data is not None and data.size:
+            verdict = _verdict(value, data, target, thresholds)
+            if verdict:
+                out[id(value)] = verdict
+    if raws:
+        flat = np.frombuffer(b"".join(raws), dtype="<f4")
+        sizes = np.fromiter((len(r) // 4 for r in raws), dtype=np.int64, count=len(raws))
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        mag = np.abs(flat)
+        max_value, tiny = LIMITS[target]
+        overflow_at = 65520.0 if target == FLOAT16 else max_value
+        with np.errstate(invalid="ignore"):
+            suspicious = (mag >= overflow_at) | ((mag > 0) & (mag < tiny / 2))
+        hits = np.add.reduceat(suspicious.astype(np.int64), starts) if flat.size else np.zeros(0, np.int64)
+        for k in np.nonzero(hits)[0]:
+            value = owners[k]
+            data = flat[starts[k]:starts[k] + sizes[k]]
+            verdict = _verdict(value, data, target, thresholds)
+            if verdict:
+                out[id(value)] = verdict
+    return out
+
+
+def _verdict(value: Value, data: np.ndarray, target: int, thresholds):
     overflow, largest, flush, nonzero = range_report(data, target)
     tname = dtype_name(target)
     if overflow:

@@ -30,6 +30,7 @@ class ApplyStats:
     initializer_copies: int = 0
     attributes_retargeted: int = 0
     clamped_values: int = 0
+    initializer_bytes_delta: int = 0
     outputs_renamed: list = field(default_factory=list)
 
 
@@ -111,6 +112,7 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
             new_type[value] = target
 
     names = _Names(index)
+    jobs: list = []   # initializer conversions, run in one batch: (source, target proto or None, dst, clamp)
     # scope id -> list of new nodes to place at the head, and node id -> casts to place after it
     head: dict[int, list] = {}
     after: dict[int, list] = {}
@@ -143,7 +145,7 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
             if not wanted and out_need is None:
                 continue
             if value.kind == "initializer":
-                _convert_initializer(value, have, wanted, out_need, names, new_inits, plan, stats)
+                _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs)
                 continue
             src_name = value.name
             if out_need is not None:
@@ -167,6 +169,8 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
                 place(value, cast_node(src_name, cast_out, need))
                 for consumer, port in users:
                     consumer.proto.input[port] = cast_out
+
+    _run_conversions(jobs, stats)
 
     # 2. Attributes of retyped nodes.
     for node in nodes:
@@ -280,23 +284,64 @@ def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool, sta
     return out
 
 
-def _convert_initializer(value, have, wanted, out_need, names, new_inits, plan, stats):
+def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs):
+    """One converted copy per needed type; in place when nobody needs the original."""
     tensor = value.initializer
     clamp = value.name in plan.clamp_initializers
-    needs_original = out_need is not None or any(
-        True for c, p in value.consumers if not any((c, p) in users for users in wanted.values()))
-    types = list(wanted)
-    if not needs_original and len(types) == 1:
-        converted = _converted_tensor(tensor, tensor.name, types[0], clamp, stats)
-        tensor.CopyFrom(converted)
-        stats.initializers_converted += 1
+    served = sum(len(users) for users in wanted.values())
+    needs_original = out_need is not None or served < len(value.consumers)
+    if not needs_original and len(wanted) == 1:
+        jobs.append((tensor, None, next(iter(wanted)), clamp))
         return
-    for need in types:
-        copy_name = names.fresh(f"{value.name}_{dtype_name(need)}")
-        new_inits.setdefault(value.scope.id, []).append(_converted_tensor(tensor, copy_name, need, clamp, stats))
+    for need, users in wanted.items():
+        copy = TensorProto()
+        copy.name = names.fresh(f"{value.name}_{dtype_name(need)}")
+        copy.dims.extend(tensor.dims)
+        new_inits.setdefault(value.scope.id, []).append(copy)
+        jobs.append((tensor, copy, need, clamp))
+        for consumer, port in users:
+            consumer.proto.input[port] = copy.name
+
+
+def _run_conversions(jobs, stats) -> None:
+    """Convert initializers. The common case (fp32 raw bytes to fp16, no clamping) is done for
+    all tensors at once; the rest one by one."""
+    fast = [j for j in jobs if j[0].data_type == FLOAT and j[2] == FLOAT16 and not j[3] and j[0].HasField("raw_data")]
+    fast_ids = {id(j) for j in fast}
+    if fast:
+        raws = [j[0].raw_data for j in fast]
+        with np.errstate(over="ignore"):
+            half = np.frombuffer(b"".join(raws), dtype="<f4").astype("<f2").tobytes()
+        view = memoryview(half)
+        offset = 0
+        for (source, copy, dst, _), raw in zip(fast, raws):
+            n = len(raw) // 2
+            payload = bytes(view[offset:offset + n])
+            offset += n
+            _store(source, copy, dst, payload, stats)
+    for job in jobs:
+        if id(job) in fast_ids:
+            continue
+        source, copy, dst, clamp = job
+        raw, clamped = convert_array(_tensor_array(source), source.data_type, dst, clamp)
+        stats.clamped_values += clamped
+        _store(source, copy, dst, raw, stats)
+
+
+def _store(source, copy, dst, payload, stats) -> None:
+    if copy is None:
+        stats.initializer_bytes_delta += len(payload) - (len(source.raw_data) if source.HasField("raw_data") else
+                                                         _tensor_array(source).nbytes)
+        for fld in ("float_data", "int32_data", "double_data"):
+            source.ClearField(fld)
+        source.data_type = dst
+        source.raw_data = payload
+        stats.initializers_converted += 1
+    else:
+        copy.data_type = dst
+        copy.raw_data = payload
         stats.initializer_copies += 1
-        for consumer, port in wanted[need]:
-            consumer.proto.input[port] = copy_name
+        stats.initializer_bytes_delta += len(payload)
 
 
 def _retype_constant_of_shape(proto, t, stats):

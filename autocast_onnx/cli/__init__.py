@@ -1,0 +1,1 @@
+"""Command line: `autocast-onnx` and its subcommands."""

@@ -1,0 +1,69 @@
+"""Stage: report. Turns a ConversionResult into the summary the CLI prints (and a dict)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..plan.model import PRECISIONS
+
+CATEGORY_ORDER = ("low_precision", "follow", "keep_fp32", "clear", "non_float", "control_flow")
+
+
+def _mb(n: int) -> str:
+    if n >= 2**20:
+        return f"{n / 2**20:.2f} MiB"
+    if n >= 2**10:
+        return f"{n / 2**10:.1f} KiB"
+    return f"{n} B"
+
+
+def summary_dict(result) -> dict:
+    plan = result.plan
+    by_cat: dict[str, Counter] = {}
+    for node in plan.nodes:
+        by_cat.setdefault(node.category, Counter())[node.precision] += 1
+    return {
+        "target": plan.target,
+        "keep_io_types": plan.keep_io_types,
+        "nodes": len(plan.nodes),
+        "precision": plan.counts(),
+        "by_category": {c: dict(by_cat[c]) for c in CATEGORY_ORDER if c in by_cat},
+        "casts_added": result.stats.casts_added,
+        "initializers_converted": result.stats.initializers_converted,
+        "initializer_copies": result.stats.initializer_copies,
+        "attributes_retargeted": result.stats.attributes_retargeted,
+        "initializer_bytes_before": result.initializer_bytes_before,
+        "initializer_bytes_after": result.initializer_bytes_after,
+        "warnings": len(plan.warnings),
+        "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
+    }
+
+
+def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 10) -> str:
+    s = summary_dict(result)
+    plan = result.plan
+    cols = [p for p in PRECISIONS if s["precision"].get(p)]
+    lines = []
+    head = f"converted to {plan.target}" + (" (model inputs/outputs keep their types)" if plan.keep_io_types
+                                             else " (model inputs/outputs may change type)")
+    if in_path is not None:
+        head = f"{in_path} -> {out_path}: " + head
+    lines.append(head)
+    lines.append(f"nodes: {s['nodes']}  " + "  ".join(f"{p}: {s['precision'][p]}" for p in cols))
+    width = max([len(c) for c in s["by_category"]] + [8])
+    lines.append("  " + "category".ljust(width) + "".join(p.rjust(11) for p in cols))
+    for cat, counts in s["by_category"].items():
+        lines.append("  " + cat.ljust(width) + "".join(str(counts.get(p, 0)).rjust(11) for p in cols))
+    lines.append(f"casts added: {s['casts_added']}  initializers converted: {s['initializers_converted']}"
+                 f" (+{s['initializer_copies']} copies)  dtype attributes retargeted: {s['attributes_retargeted']}")
+    lines.append(f"initializer bytes: {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}")
+    if plan.warnings:
+        lines.append(f"warnings: {len(plan.warnings)}")
+        for w in plan.warnings[:max_warnings]:
+            lines.append(f"  [{w.code}] {w.message}")
+        if len(plan.warnings) > max_warnings:
+            lines.append(f"  ... {len(plan.warnings) - max_warnings} more (see --plan-out)")
+    secs = result.seconds
+    stages = ", ".join(f"{k} {v:.3f}" for k, v in secs.items() if k != "total")
+    lines.append(f"time: {secs.get('total', sum(secs.values())):.3f} s ({stages})")
+    return "\n".join(lines)
