@@ -22,10 +22,11 @@ Models written:
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import hashlib
 import json
-import os
+import logging
 import random
 import sys
 import warnings
@@ -99,7 +100,7 @@ def _node_name_from_scopes(node: onnx.NodeProto, strip_first: bool) -> str | Non
     scopes = None
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
-            scopes = eval(prop.value, {"__builtins__": {}})  # list literal of str
+            scopes = ast.literal_eval(prop.value)  # a list of str
     if not scopes:
         return None
     # scopes = ['', 'model', 'model.encoder', ..., '<fx node name>']
@@ -306,9 +307,7 @@ def check_and_compare(
     size = path.stat().st_size
     assert size < MAX_BYTES, f"{path.name} is {size} bytes"
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = _ort_session(path)
     out_names = [o.name for o in sess.get_outputs()]
     worst = 0.0
     for feeds in feeds_list:
@@ -359,6 +358,57 @@ def report_large_constants(model: onnx.ModelProto) -> None:
         if arr.size and np.max(np.abs(arr)) > 65504.0:
             vals = np.unique(arr[np.abs(arr) > 65504.0])
             print(f"    constant outside fp16 range: {name} shape={list(arr.shape)} values={vals.tolist()} used by {consumers[name]}")
+
+
+def _ort_session(path: Path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def check_bert_mask(path: Path) -> None:
+    """The padding mask really is in the graph: tokens behind attention_mask=0
+    must not influence the other positions' hidden states."""
+    sess = _ort_session(path)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, 1000, (2, 12)).astype(np.int64)
+    mask = np.ones((2, 12), np.int64)
+    mask[:, 8:] = 0
+    tt = np.zeros((2, 12), np.int64)
+    ids2 = ids.copy()
+    ids2[:, 8:] = rng.integers(1, 1000, (2, 4))
+    a = sess.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt})[0]
+    b = sess.run(["last_hidden_state"], {"input_ids": ids2, "attention_mask": mask, "token_type_ids": tt})[0]
+    masked = float(np.abs(a[:, :8] - b[:, :8]).max())
+    full = np.ones_like(mask)
+    c = sess.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": full, "token_type_ids": tt})[0]
+    d = sess.run(["last_hidden_state"], {"input_ids": ids2, "attention_mask": full, "token_type_ids": tt})[0]
+    unmasked = float(np.abs(c[:, :8] - d[:, :8]).max())
+    print(f"    mask check: change of padded tokens moves real positions by {masked:.1e} (masked) vs {unmasked:.1e} (unmasked)")
+    assert masked < 1e-5 < unmasked
+
+
+def check_gpt2_mask(path: Path) -> None:
+    """Causal mask: later tokens do not change earlier logits.  Padding mask:
+    left-padded tokens do not change the real positions' logits."""
+    sess = _ort_session(path)
+    rng = np.random.default_rng(8)
+    ids = rng.integers(0, 1000, (2, 12)).astype(np.int64)
+    mask = np.ones((2, 12), np.int64)
+    ids2 = ids.copy()
+    ids2[:, 9:] = rng.integers(0, 1000, (2, 3))
+    a = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+    b = sess.run(["logits"], {"input_ids": ids2, "attention_mask": mask})[0]
+    causal = float(np.abs(a[:, :9] - b[:, :9]).max())
+    later = float(np.abs(a[:, 9:] - b[:, 9:]).max())
+    mask[:, :3] = 0
+    ids3 = ids.copy()
+    ids3[:, :3] = rng.integers(0, 1000, (2, 3))
+    c = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+    d = sess.run(["logits"], {"input_ids": ids3, "attention_mask": mask})[0]
+    padded = float(np.abs(c[:, 3:] - d[:, 3:]).max())
+    print(f"    mask check: causal leak {causal:.1e} (changed positions move {later:.1e}), left-padding leak {padded:.1e}")
+    assert causal < 1e-5 < later and padded < 1e-5
 
 
 # --------------------------------------------------------------------------
@@ -429,7 +479,9 @@ def build_bert() -> dict:
         f_tt = np.zeros((b, s), np.int64)
         f_tt[:, s // 2 :] = 1
         feeds.append({"input_ids": f_ids, "attention_mask": f_mask, "token_type_ids": f_tt})
-    return check_and_compare(path, model, feeds)
+    stats = check_and_compare(path, model, feeds)
+    check_bert_mask(path)
+    return stats
 
 
 # --------------------------------------------------------------------------
@@ -497,7 +549,9 @@ def build_gpt2() -> dict:
         if b > 1:
             f_mask[-1, (2 * s) // 3 :] = 0  # right padding on the last row
         feeds.append({"input_ids": f_ids, "attention_mask": f_mask})
-    return check_and_compare(path, model, feeds)
+    stats = check_and_compare(path, model, feeds)
+    check_gpt2_mask(path)
+    return stats
 
 
 # --------------------------------------------------------------------------
@@ -750,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.models if m not in BUILDERS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {list(BUILDERS)}")
+    # the exporter warns once per export that torchvision ops are unavailable
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     MODELS_DIR.mkdir(parents=True, exist_ok=True)

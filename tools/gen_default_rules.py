@@ -106,6 +106,11 @@ def main() -> None:
         category, reason = CATEGORY_OF[row["suggested_category"]], row["reason"]
         if (domain, op) in OVERRIDES:
             category, reason = OVERRIDES[(domain, op)]
+        elif category != "keep_fp32" and category != "non_float" and row["ort_cuda_fp16_kernel"] == "no":
+            category = "keep_fp32"
+            reason = (f"departs from the suggested '{CATEGORY_OF[row['suggested_category']]}': ONNX Runtime's CUDA "
+                      f"provider has no float16 kernel ({row['ort_cuda_note']}), so low precision would only add "
+                      f"casts around an fp32 or CPU fallback; was: {row['reason']}")
         by_cat[category].append((key_of(domain, op), reason))
         fixed = [p for p in row["fixed_fp32_ports"].split(";") if p]
         ins = [p[3:] for p in fixed if p.startswith("in:")]

@@ -106,7 +106,9 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
                 continue
             dt = value.dtype
             if op == "Cast" and domain == "":
-                roles_out.append("p" if dt in MIXABLE else "x")
+                # Only an fp32 cast is the author's "back to float" and may be retargeted; an explicit
+                # cast to fp16/bf16 is a deliberate rounding and keeps its type.
+                roles_out.append("p" if dt == FLOAT else ("o" if dt in MIXABLE else "x"))
             elif dt in MIXABLE:
                 roles_out.append("o" if cat == "X" else t_out[i])
             elif dt is None and t_out[i] == "p" and cat not in "NX":
@@ -127,13 +129,14 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
         if cat in "NX" or unknown:
             cls.reasons[nid] = reasons
             continue
-        if "p" not in cls.roles_in[nid] and "p" not in cls.roles_out[nid]:
+        ports = cls.roles_in[nid] + cls.roles_out[nid]
+        if "p" not in ports:
+            if "f" in ports and "p" not in t_in + t_out and cat != "K":
+                cls.seed[nid] = "schema"
+                reasons.append(Reason("schema", f"the schema of {op} at opset {index.opset(domain)} has no "
+                                      f"{dtype_name(target)} for this node's tensors"))
             cls.reasons[nid] = reasons
             continue
-        if "p" not in t_in + t_out and "f" in t_in + t_out:
-            cls.seed[nid] = "deny"
-            reasons.append(Reason("schema", f"the schema of {op} at opset {index.opset(domain)} has no "
-                                  f"{dtype_name(target)} for this node's tensors"))
 
         # Node-name and command-line rules (later overrides earlier; exclude beats include).
         forced = None
@@ -223,7 +226,9 @@ def _template(index, rules, domain, op, n_in, n_out, target):
     t_in = []
     for i in range(n_in):
         if any_in is None or (any_in and i in any_in):
-            t_in.append("a")
+            # The type does not matter to the op, but its schema must still admit it.
+            allowed = sig.allowed(sig.input_param(i)) if sig is not None else None
+            t_in.append("f" if allowed is not None and target not in allowed and FLOAT in allowed else "a")
         else:
             t_in.append(role(sig.input_param(i) if sig else None, i in pins_in))
     t_out = [role(sig.output_param(i) if sig else None, i in pins_out) for i in range(n_out)]

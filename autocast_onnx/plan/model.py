@@ -30,7 +30,7 @@ class Reason:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class NodePlan:
     id: int                      # position in the index's node list (stable for one model)
     name: str

@@ -47,10 +47,11 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
     for node in nodes:
         i = node.id
         c = cat[i]
-        if c in "NX" or ("p" not in roles_in[i] and "p" not in roles_out[i] and not frozen[i]):
+        ports = roles_in[i] + roles_out[i]
+        if c in "NX" or ("p" not in ports and "f" not in ports and not frozen[i]):
             continue
         s = seed[i]
-        if frozen[i] or s == "deny":
+        if frozen[i] or s == "deny" or s == "schema":
             paint_[i] = "D"
         elif s == "allow":
             paint_[i] = "A"
@@ -61,25 +62,32 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
         else:
             paint_[i] = "U"
 
-    def successors(node):
+    def successors(node, kinds="p"):
         ro = roles_out[node.id]
         for k, value in enumerate(node.outputs):
-            if ro[k] != "p":
+            if ro[k] not in kinds:
                 continue
             for consumer, port in value.consumers:
                 if paint_[consumer.id] != "-" and roles_in[consumer.id][port] in "pa":
                     yield consumer
 
-    # Pass 2: fp32 taint forward through follow and clear nodes.
-    stack = [node for node in nodes if paint_[node.id] == "D"]
+    # Pass 2: fp32 taint forward through follow and clear nodes. A node that is fp32 only because
+    # its schema lacks the target type starts no taint (its values need no fp32 precision), but
+    # passes on a taint that reaches it.
+    stack = [node for node in nodes if paint_[node.id] == "D" and seed[node.id] != "schema"]
+    tainted = {node.id for node in stack}
     while stack:
         node = stack.pop()
-        for consumer in successors(node):
+        for consumer in successors(node, "pf"):
             j = consumer.id
             if paint_[j] == "U":
                 paint_[j] = "D"
                 cause[j] = Reason("fp32-taint", f"fed by fp32 node {node.label} ({node.op}); fp32 flows "
                                   "forward through follow and clear ops")
+                tainted.add(j)
+                stack.append(consumer)
+            elif paint_[j] == "D" and j not in tainted:
+                tainted.add(j)
                 stack.append(consumer)
 
     # Pass 3: low precision forward through the untainted follow and clear nodes.
@@ -133,8 +141,9 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
                     continue
                 for consumer, port in value.consumers:
                     needs.add(requirement(consumer, port, value))
-                for _ in value.graph_outputs:
-                    needs.add(value.dtype if keep_io_types else None)
+                for scope, _ in value.graph_outputs:
+                    # subgraph outputs always keep their types; the main graph's unless told otherwise
+                    needs.add(value.dtype if keep_io_types or scope is not index.main else None)
             needs.discard(None)
             if len(needs) == 1:
                 need = needs.pop()
