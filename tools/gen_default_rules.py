@@ -66,12 +66,13 @@ HEADER = '''\
 unknown_op = "keep_fp32"
 
 [thresholds]
-# A float constant or initializer with at most this many elements, any nonzero value of which
-# would flush to zero in the target type (an epsilon of 1e-12, say), keeps its consumer fp32.
+# A float constant or initializer with at most this many elements that would become all zeros in
+# the target type (an epsilon of 1e-12, say) keeps its consumer fp32; if only some of its values
+# flush, it is converted and the plan says so.
 small_constant_elements = 64
 # A larger initializer keeps its consumer fp32 when more than this fraction of its nonzero
 # values would flush to zero in the target type; a smaller fraction is converted and reported.
-max_flush_fraction = 0.001
+max_flush_fraction = 0.01
 '''
 
 

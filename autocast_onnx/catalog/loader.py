@@ -33,7 +33,7 @@ THRESHOLDS = {
     "small_constant_elements": (int, 0, 2**31),
     "max_flush_fraction": (float, 0.0, 1.0),
 }
-DEFAULT_THRESHOLDS = {"small_constant_elements": 64, "max_flush_fraction": 0.001}
+DEFAULT_THRESHOLDS = {"small_constant_elements": 64, "max_flush_fraction": 0.01}
 NODE_KEYS = {"match", "name", "precision", "why", "op_types"}
 PIN_KEYS = {"inputs", "outputs", "why"}
 OP_KEY = re.compile(r"^(?:(?P<domain>[A-Za-z_][\w.\-]*):)?(?P<op>[A-Za-z_]\w*)$")

@@ -176,7 +176,7 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
         nid = node.id
         kind, message, measured = verdict
         if kind == "note":
-            cls.flush_notes[id(value)] = (value.name, message)
+            cls.flush_notes[id(value)] = (value, message)
             continue
         if cls.seed[nid] == "allow":
             cls.reasons[nid].append(Reason(kind, f"{message}; converted anyway because a rule forces low "
@@ -299,8 +299,11 @@ def _verdict(value: Value, data: np.ndarray, target: int, thresholds):
         tiny = float(np.abs(data[(data != 0)]).min())
         fraction = flush / max(nonzero, 1)
         if data.size <= small:
-            return ("data-flush", f"small constant '{value.name}' has nonzero value(s) that flush to zero in "
-                    f"{tname} (smallest |x| = {tiny:.3g})", tiny)
+            if flush == nonzero:
+                return ("data-flush", f"small constant '{value.name}' would become zero in {tname} "
+                        f"(smallest nonzero |x| = {tiny:.3g}), like an epsilon", tiny)
+            return ("note", f"{flush} of {nonzero} nonzero values of small constant '{value.name}' flush to "
+                    f"zero in {tname} (smallest |x| = {tiny:.3g})", tiny)
         if fraction > thresholds["max_flush_fraction"]:
             return ("data-flush", f"{fraction:.2%} of the nonzero values of '{value.name}' flush to zero in "
                     f"{tname}", fraction)

@@ -189,8 +189,12 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
     plan = PrecisionPlan(target=target_name, keep_io_types=keep_io_types, nodes=plans, rule_files=list(rule_files),
                          warnings=[Warning_(c, m, n_) for c, m, n_ in cls.warnings],
                          clamp_initializers=dict(cls.clamp))
-    for name, message in cls.flush_notes.values():
-        plan.warnings.append(Warning_("data-flush", message + "; converted"))
+    for value, message in cls.flush_notes.values():
+        users = [c for c, port in value.consumers if paint_[c.id] == "A" and roles_in[c.id][port] == "p"]
+        if users:
+            plan.warnings.append(Warning_("data-flush", f"{message}; converted for {users[0].label}"
+                                          + (f" and {len(users) - 1} more" if len(users) > 1 else ""),
+                                          users[0].label))
     return plan
 
 

@@ -145,7 +145,8 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
             if not wanted and out_need is None:
                 continue
             if value.kind == "initializer":
-                _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs)
+                if _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs):
+                    new_type[value] = next(iter(wanted))
                 continue
             src_name = value.name
             if out_need is not None:
@@ -307,8 +308,9 @@ def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool, sta
     return out
 
 
-def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs):
-    """One converted copy per needed type; in place when nobody needs the original."""
+def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> bool:
+    """One converted copy per needed type; in place when nobody needs the original (returns
+    True then: the initializer itself changes type)."""
     tensor = value.initializer
     clamp = value.name in plan.clamp_initializers
     served = sum(len(users) for users in wanted.values())
@@ -316,7 +318,7 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs):
     needs_original = bool(value.graph_outputs) or out_need is not None or served < len(value.consumers)
     if not needs_original and len(wanted) == 1:
         jobs.append((tensor, None, next(iter(wanted)), clamp))
-        return
+        return True
     for need, users in wanted.items():
         copy = TensorProto()
         copy.name = names.fresh(f"{value.name}_{dtype_name(need)}")
@@ -325,6 +327,7 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs):
         jobs.append((tensor, copy, need, clamp))
         for consumer, port in users:
             consumer.proto.input[port] = copy.name
+    return False
 
 
 def _run_conversions(jobs, stats) -> None:
