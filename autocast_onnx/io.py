@@ -134,13 +134,13 @@ def check_output_path(out_path: Path, in_path: Path | None) -> None:
 
 
 def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_data: bool | None = None,
-               in_path: Path | None = None) -> list[Path]:
+               in_path: Path | None = None, payload: bytes | None = None) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model. Returns the files written."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
     if external_data is None:
-        external_data = model.ByteSize() > PROTOBUF_LIMIT - 64 * 2**20
+        external_data = (len(payload) if payload is not None else model.ByteSize()) > PROTOBUF_LIMIT - 64 * 2**20
     parent = out_path.parent if str(out_path.parent) else Path(".")
     temps: list[Path] = []
     moved: list[tuple[onnx.TensorProto, bytes]] = []
@@ -176,7 +176,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
             finals.append((data_tmp, parent / data_name))
         model_tmp = _temp_path(parent, out_path.name)
         temps.append(model_tmp)
-        payload = model.SerializeToString()
+        if payload is None or external_data:
+            payload = model.SerializeToString()
         with open(model_tmp, "wb") as fh:
             fh.write(payload)
             fh.flush()

@@ -161,11 +161,22 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
     # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
     # tells whether the checker can take it in memory without serializing it to find out.
     big = loaded.external_data or loaded.file_bytes * 1.5 > CHECK_LIMIT
-    result = _convert_loaded(loaded, check="none" if big else check, timings=timings, **_api_options(options))
-    t = time.perf_counter()
     if external_data is None:
         external_data = True if loaded.external_data else (None if big else False)
-    result.output_files = save_model(result.model, out_path, external_data=external_data, in_path=in_path)
+    # Serialize once for both the check and the file when the model is written in one piece.
+    in_memory = not big and not external_data
+    result = _convert_loaded(loaded, check="none" if (big or in_memory) else check, timings=timings,
+                             **_api_options(options))
+    payload = None
+    if in_memory:
+        t = time.perf_counter()
+        payload = result.model.SerializeToString()
+        if check != "none":
+            check_result(payload, full=check == "full")
+        timings["check"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result.output_files = save_model(result.model, out_path, external_data=external_data, in_path=in_path,
+                                     payload=payload)
     if check != "none" and big:
         check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t

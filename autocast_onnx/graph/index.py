@@ -77,7 +77,7 @@ class Node:
 
 class Scope:
     __slots__ = ("id", "graph", "parent", "owner", "attr_name", "values", "nodes", "inputs", "outputs",
-                 "path", "order", "sorted", "value_info")
+                 "path", "order", "sorted", "value_info", "typed")
 
     def __init__(self, id_, graph, parent, owner, attr_name, path):
         self.id = id_
@@ -93,6 +93,7 @@ class Scope:
         self.order = None
         self.sorted = True
         self.value_info = {}
+        self.typed = False
 
     def resolve(self, name):
         scope = self
@@ -149,33 +150,45 @@ class GraphIndex:
             if vi.name not in scope.value_info:
                 scope.value_info[vi.name] = _type_of(vi)
 
-        # Pass 1: record nodes and the values they define.
+        # Pass 1: record nodes and the values they define. Fields are read from the protobuf once,
+        # in bulk: attribute access on protobuf messages dominates the cost of large graphs.
         nodes = scope.nodes
         all_nodes = self.nodes
-        node_ids = len(all_nodes)
-        for pos, proto in enumerate(graph.node):
-            node = Node(node_ids + pos, proto, scope, pos, proto.op_type, proto.domain, proto.input[:], None)
+        base = len(all_nodes)
+        protos = list(graph.node)
+        fields = [(p.op_type, p.domain, p.input[:], p.output[:]) for p in protos]
+        for pos, proto in enumerate(protos):
+            op, domain, input_names, output_names = fields[pos]
+            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
             out_values = []
-            for port, name in enumerate(proto.output[:]):
+            port = 0
+            for name in output_names:
                 if not name:
                     out_values.append(None)
-                    continue
-                if name in values:
+                elif name in values:
                     raise AutocastError(f"tensor '{name}' is produced twice (by node {node.label} and another)",
                                         self.where, "each tensor must have exactly one producer")
-                value = Value(name, scope, "node", None, node, port)
-                values[name] = value
-                out_values.append(value)
+                else:
+                    value = values[name] = Value(name, scope, "node", None, node, port)
+                    out_values.append(value)
+                port += 1
             node.outputs = out_values
             nodes.append(node)
         all_nodes.extend(nodes)
 
-        # Pass 2: resolve inputs, check order.
+        # Pass 2: resolve inputs, check order; in a sorted graph without subgraphs, type each node's
+        # outputs on the way (its producers are typed already).
+        declared = scope.value_info
+        infer = self._infer_output
+        has_subgraphs = False
         for node in nodes:
             in_values = []
-            for port, name in enumerate(node.inputs):
+            port = 0
+            pos = node.pos
+            for name in node.inputs:
                 if not name:
                     in_values.append(None)
+                    port += 1
                     continue
                 value = values.get(name)
                 if value is None:
@@ -184,10 +197,11 @@ class GraphIndex:
                         raise AutocastError(f"node {node.label} reads tensor '{name}', which nothing produces",
                                             self.where + ("" if parent is None else f" (subgraph {path})"),
                                             "the graph is broken: re-export it")
-                elif value.producer is not None and value.producer.scope is scope and value.producer.pos >= node.pos:
+                elif value.producer is not None and value.producer.scope is scope and value.producer.pos >= pos:
                     scope.sorted = False
                 value.consumers.append((node, port))
                 in_values.append(value)
+                port += 1
             node.inputs = in_values
             if node.op in GRAPH_ATTR_OPS or node.domain not in KNOWN_NO_GRAPH_DOMAINS:
                 subs = []
@@ -200,6 +214,18 @@ class GraphIndex:
                             subs.append(self._build_scope(sub, scope, node, attr.name,
                                                           f"{path}/{node.label}.{attr.name}[{k}]"))
                 node.subscopes = tuple(subs)
+                has_subgraphs = has_subgraphs or bool(subs)
+            if scope.sorted and not has_subgraphs:
+                port = 0
+                for value in node.outputs:
+                    if value is not None:
+                        dtype = infer(node, port)
+                        if dtype is None:
+                            dtype = declared.get(value.name)
+                            value.declared = dtype is not None
+                        value.dtype = dtype
+                    port += 1
+        scope.typed = scope.sorted and not has_subgraphs
 
         for idx, vi in enumerate(graph.output):
             value = scope.resolve(vi.name)
@@ -296,6 +322,8 @@ class GraphIndex:
 
     # ---- types ------------------------------------------------------------------------
     def _infer_types(self, scope: Scope) -> None:
+        if scope.typed:
+            return
         declared = scope.value_info
         for node in scope.order:
             for sub in node.subscopes:

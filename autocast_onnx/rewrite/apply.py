@@ -120,8 +120,7 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
 
     def cast_node(src_name, dst_name, to):
         stats.casts_added += 1
-        return NodeProto(op_type="Cast", input=[src_name], output=[dst_name], name=names.fresh_node(dst_name),
-                         attribute=[AttributeProto(name="to", type=AttributeProto.INT, i=to)])
+        return _cast_bytes(src_name, dst_name, names.fresh_node(dst_name), to)
 
     def place(value, node_proto):
         if value.producer is not None:
@@ -129,16 +128,30 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
         else:
             head.setdefault(value.scope.id, []).append(node_proto)
 
+    node_type_or = node_type
     for scope in index.scopes:
         for value in scope.values.values():
-            if value.dtype not in MIXABLE:
+            dt = value.dtype
+            if dt not in MIXABLE:
                 continue
-            have = new_type.get(value, value.dtype)
-            wanted: dict[int, list] = {}
+            have = new_type.get(value, dt)
+            wanted = {}
             for consumer, port in value.consumers:
-                need = requirement(consumer, port, value)
-                if need is not None and need != have:
-                    wanted.setdefault(need, []).append((consumer, port))
+                role = roles_in[consumer.id][port]
+                if role == "p":
+                    need = node_type_or[consumer.id] or dt
+                elif role == "f":
+                    need = FLOAT
+                elif role == "o":
+                    need = dt
+                else:
+                    continue
+                if need != have:
+                    users = wanted.get(need)
+                    if users is None:
+                        wanted[need] = [(consumer, port)]
+                    else:
+                        users.append((consumer, port))
             out_need = None
             if value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
                 out_need = value.dtype
@@ -231,7 +244,31 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
     return stats
 
 
+def _field(tag: bytes, text: str) -> bytes:
+    data = text.encode("utf-8")
+    return tag + _varint(len(data)) + data
+
+
+def _cast_bytes(src: str, dst: str, name: str, to: int) -> bytes:
+    """A serialized NodeProto `Cast(src) -> dst` with attribute to: protobuf wire format, written
+    directly because building 10^4 small messages through the Python API is the slow part of
+    large conversions. Fields: input=1, output=2, name=3, op_type=4, attribute=5; in the
+    AttributeProto: name=1, i=3, type=20 (INT=2)."""
+    attr = b"\x0a\x02to\x18" + _varint(to) + b"\xa0\x01\x02"
+    return (_field(b"\x0a", src) + _field(b"\x12", dst) + _field(b"\x1a", name) + b"\x22\x04Cast"
+            + b"\x2a" + _varint(len(attr)) + attr)
+
+
+_SMALL_VARINTS = []
+
+
 def _varint(n: int) -> bytes:
+    if n < 16384 and _SMALL_VARINTS:
+        return _SMALL_VARINTS[n]
+    return _encode_varint(n)
+
+
+def _encode_varint(n: int) -> bytes:
     out = bytearray()
     while True:
         byte = n & 0x7F
@@ -248,9 +285,10 @@ def _replace_nodes(graph, ordered) -> None:
     slow; serializing each and merging them as `node` fields (tag 1, length-delimited) in one
     parse is several times faster and gives the same message."""
     parts = []
+    varint = _varint
     for proto in ordered:
-        payload = proto.SerializeToString()
-        parts.append(b"\x0a" + _varint(len(payload)) + payload)
+        payload = proto if proto.__class__ is bytes else proto.SerializeToString()
+        parts.append(b"\x0a" + varint(len(payload)) + payload)
     del graph.node[:]
     graph.MergeFromString(b"".join(parts))
 
@@ -398,3 +436,6 @@ def _retype_constant(proto, t, clamp, stats):
             proto.attribute.append(helper.make_attribute("value", _converted_tensor(tensor, "", t, clamp, stats)))
             stats.attributes_retargeted += 1
             return
+
+
+_SMALL_VARINTS.extend(_encode_varint(i) for i in range(16384))

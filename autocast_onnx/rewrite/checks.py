@@ -10,9 +10,9 @@ from ..errors import InternalCheckError
 CHECK_LIMIT = 2**31 - 64 * 2**20
 
 
-def check_result(model: onnx.ModelProto, full: bool = True) -> None:
-    """onnx.checker (with shape/type inference when `full`) on the converted model."""
-    if model.ByteSize() > CHECK_LIMIT:
+def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
+    """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes."""
+    if isinstance(model, onnx.ModelProto) and model.ByteSize() > CHECK_LIMIT:
         return  # checked from the saved file instead (see convert_file)
     try:
         onnx.checker.check_model(model, full_check=full)
