@@ -55,19 +55,39 @@ class Warning_:
     node: str | None = None
 
 
-@dataclass
 class PrecisionPlan:
-    target: str                  # "fp16" or "bf16"
-    keep_io_types: bool
-    nodes: list[NodePlan]
-    rule_files: list[str] = field(default_factory=list)
-    warnings: list[Warning_] = field(default_factory=list)
-    clamp_initializers: dict[str, str] = field(default_factory=dict)  # name -> why (user forced)
+    """node -> precision + reasons, for one model. `precisions` and `categories` are compact
+    per-node lists (by node id); `nodes` holds the full entries and may be built on first use."""
+
+    def __init__(self, target: str, keep_io_types: bool, nodes: list[NodePlan] | None,
+                 rule_files=(), warnings=(), clamp_initializers=None):
+        self.target = target                  # "fp16" or "bf16"
+        self.keep_io_types = keep_io_types
+        self._nodes = nodes
+        self._build = None
+        self.rule_files = list(rule_files)
+        self.warnings: list[Warning_] = list(warnings)
+        self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
+        self.precisions = [n.precision for n in nodes] if nodes is not None else []
+        self.categories = [n.category for n in nodes] if nodes is not None else []
+
+    def set_lazy_nodes(self, build, precisions, categories) -> None:
+        self._nodes, self._build = None, build
+        self.precisions, self.categories = precisions, categories
+
+    @property
+    def nodes(self) -> list[NodePlan]:
+        if self._nodes is None:
+            self._nodes = self._build() if self._build is not None else []
+        return self._nodes
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PrecisionPlan) and self.to_dict() == other.to_dict()
 
     def counts(self) -> dict[str, int]:
         out = {p: 0 for p in PRECISIONS}
-        for node in self.nodes:
-            out[node.precision] += 1
+        for precision in self.precisions:
+            out[precision] += 1
         return out
 
     def by_name(self, name: str) -> list[NodePlan]:

@@ -62,15 +62,6 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
         else:
             paint_[i] = "U"
 
-    def successors(node, kinds="p"):
-        ro = roles_out[node.id]
-        for k, value in enumerate(node.outputs):
-            if ro[k] not in kinds:
-                continue
-            for consumer, port in value.consumers:
-                if paint_[consumer.id] != "-" and roles_in[consumer.id][port] in "pa":
-                    yield consumer
-
     # Pass 2: fp32 taint forward through follow and clear nodes. A node that is fp32 only because
     # its schema lacks the target type starts no taint (its values need no fp32 precision), but
     # passes on a taint that reaches it.
@@ -78,12 +69,13 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
     tainted = {node.id for node in stack}
     while stack:
         node = stack.pop()
-        for consumer in successors(node, "pf"):
+        ro = roles_out[node.id]
+        for consumer in [c for k, v in enumerate(node.outputs) if ro[k] in "pf" for c, port in v.consumers
+                         if paint_[c.id] != "-" and roles_in[c.id][port] in "pa"]:
             j = consumer.id
             if paint_[j] == "U":
                 paint_[j] = "D"
-                cause[j] = Reason("fp32-taint", f"fed by fp32 node {node.label} ({node.op}); fp32 flows "
-                                  "forward through follow and clear ops")
+                cause[j] = ("fp32-taint", node)
                 tainted.add(j)
                 stack.append(consumer)
             elif paint_[j] == "D" and j not in tainted:
@@ -94,12 +86,13 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
     stack = [node for node in nodes if paint_[node.id] == "A"]
     while stack:
         node = stack.pop()
-        for consumer in successors(node):
+        ro = roles_out[node.id]
+        for consumer in [c for k, v in enumerate(node.outputs) if ro[k] == "p" for c, port in v.consumers
+                         if paint_[c.id] == "U" and roles_in[c.id][port] in "pa"]:
             j = consumer.id
             if paint_[j] == "U":
                 paint_[j] = "A"
-                cause[j] = Reason("follows-low", f"fed by low-precision node {node.label} ({node.op}) "
-                                  "and by no fp32 node")
+                cause[j] = ("follows-low", node)
                 stack.append(consumer)
 
     order = order if order is not None else global_order(index)
@@ -161,34 +154,53 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
                 cause[i] = Reason("consumers-mixed", "consumers need different types: keeps its own and each "
                                   "consumer gets a cast")
 
-    plans = []
+    precisions = [None] * n
     for node in nodes:
         i = node.id
         p = paint_[i]
-        reasons = list(cls.reasons[i] or ())
-        if cause[i] is not None:
-            reasons.append(cause[i])
         if p == "A":
-            precision = target_name
+            precisions[i] = target_name
         elif p == "D" and not frozen[i]:
-            precision = "fp32"
+            precisions[i] = "fp32"
         elif p == "U":
-            original = _original_type(node, roles_in[i], roles_out[i])
-            precision = NAME_OF.get(original, "unchanged")
-            reasons.append(Reason("unchanged", "not fed by a low-precision node and nothing forces it: "
-                                  f"keeps its type ({dtype_name(original)})"))
+            precisions[i] = NAME_OF.get(_original_type(node, roles_in[i], roles_out[i]), "unchanged")
         else:
-            precision = "unchanged"
-            if cat[i] == "N":
-                pass
-            elif not frozen[i] and cat[i] != "X":
-                reasons.append(Reason("no-float", "no float tensor follows this op's precision"))
-        plans.append(NodePlan(id=i, name=node.name, op_type=node.op, domain=node.domain,
-                              graph=node.scope.path, category=CAT_NAME[cat[i]], precision=precision,
-                              reasons=reasons, fp32_inputs=list(cls.pins_in[i]), fp32_outputs=list(cls.pins_out[i])))
-    plan = PrecisionPlan(target=target_name, keep_io_types=keep_io_types, nodes=plans, rule_files=list(rule_files),
+            precisions[i] = "unchanged"
+
+    def build_nodes():
+        """The per-node plan entries with their reasons, built when someone reads them."""
+        plans = []
+        for node in nodes:
+            i = node.id
+            p = paint_[i]
+            reasons = list(cls.reasons[i] or ())
+            c = cause[i]
+            if c.__class__ is tuple:
+                code, src = c
+                if code == "fp32-taint":
+                    c = Reason(code, f"fed by fp32 node {src.label} ({src.op}); fp32 flows forward through "
+                               "follow and clear ops")
+                else:
+                    c = Reason(code, f"fed by low-precision node {src.label} ({src.op}) and by no fp32 node")
+            if c is not None:
+                reasons.append(c)
+            if p == "U":
+                original = _original_type(node, roles_in[i], roles_out[i])
+                reasons.append(Reason("unchanged", "not fed by a low-precision node and nothing forces it: "
+                                      f"keeps its type ({dtype_name(original)})"))
+            elif p not in "AD" or frozen[i]:
+                if cat[i] not in "NX" and not frozen[i]:
+                    reasons.append(Reason("no-float", "no float tensor follows this op's precision"))
+            plans.append(NodePlan(id=i, name=node.name, op_type=node.op, domain=node.domain,
+                                  graph=node.scope.path, category=CAT_NAME[cat[i]], precision=precisions[i],
+                                  reasons=reasons, fp32_inputs=list(cls.pins_in[i]),
+                                  fp32_outputs=list(cls.pins_out[i])))
+        return plans
+
+    plan = PrecisionPlan(target=target_name, keep_io_types=keep_io_types, nodes=None, rule_files=list(rule_files),
                          warnings=[Warning_(c, m, n_) for c, m, n_ in cls.warnings],
                          clamp_initializers=dict(cls.clamp))
+    plan.set_lazy_nodes(build_nodes, precisions, [CAT_NAME[c] for c in cat])
     for value, message in cls.flush_notes.values():
         users = [c for c, port in value.consumers if paint_[c.id] == "A" and roles_in[c.id][port] == "p"]
         if users:

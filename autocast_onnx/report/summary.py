@@ -20,12 +20,12 @@ def _mb(n: int) -> str:
 def summary_dict(result) -> dict:
     plan = result.plan
     by_cat: dict[str, Counter] = {}
-    for node in plan.nodes:
-        by_cat.setdefault(node.category, Counter())[node.precision] += 1
+    for category, precision in zip(plan.categories, plan.precisions):
+        by_cat.setdefault(category, Counter())[precision] += 1
     return {
         "target": plan.target,
         "keep_io_types": plan.keep_io_types,
-        "nodes": len(plan.nodes),
+        "nodes": len(plan.precisions),
         "precision": plan.counts(),
         "by_category": {c: dict(by_cat[c]) for c in CATEGORY_ORDER if c in by_cat},
         "casts_added": result.stats.casts_added,

@@ -74,9 +74,9 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
     nodes = index.nodes
     roles_in, roles_out = cls.roles_in, cls.roles_out
     node_type = [None] * len(nodes)
-    for entry in plan.nodes:
-        if entry.precision != "unchanged":
-            node_type[entry.id] = PRECISION_OF[entry.precision]
+    for i, precision in enumerate(plan.precisions):
+        if precision != "unchanged":
+            node_type[i] = PRECISION_OF[precision]
 
     # 1. The type each value will have.
     new_type = {}
