@@ -269,23 +269,44 @@ def _check_constants(values, target: int, thresholds) -> dict:
             verdict = _verdict(value, data, target, thresholds)
             if verdict:
                 out[id(value)] = verdict
-    if raws:
-        flat = np.frombuffer(b"".join(raws), dtype="<f4")
-        sizes = np.fromiter((len(r) // 4 for r in raws), dtype=np.int64, count=len(raws))
+    max_value, tiny = LIMITS[target]
+    overflow_at = 65520.0 if target == FLOAT16 else max_value
+    for group in chunked(raws):
+        flat = np.frombuffer(b"".join(raws[k] for k in group), dtype="<f4")
+        sizes = np.fromiter((len(raws[k]) // 4 for k in group), dtype=np.int64, count=len(group))
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        keep = sizes > 0
         mag = np.abs(flat)
-        max_value, tiny = LIMITS[target]
-        overflow_at = 65520.0 if target == FLOAT16 else max_value
         with np.errstate(invalid="ignore"):
-            suspicious = (mag >= overflow_at) | ((mag > 0) & (mag < tiny / 2))
-        hits = np.add.reduceat(suspicious.astype(np.int64), starts) if flat.size else np.zeros(0, np.int64)
-        for k in np.nonzero(hits)[0]:
+            finite_mag = np.where(np.isfinite(mag), mag, 0.0)
+            largest = np.maximum.reduceat(finite_mag, starts[keep]) if flat.size else np.zeros(0)
+            smallest = np.minimum.reduceat(np.where(mag > 0, mag, np.inf), starts[keep]) if flat.size else np.zeros(0)
+        suspicious = (largest >= overflow_at) | (smallest < tiny / 2)
+        kept = [k for k, ok in zip(group, keep) if ok]
+        for j in np.nonzero(suspicious)[0]:
+            k = kept[j]
             value = owners[k]
-            data = flat[starts[k]:starts[k] + sizes[k]]
-            verdict = _verdict(value, data, target, thresholds)
+            verdict = _verdict(value, np.frombuffer(raws[k], dtype="<f4"), target, thresholds)
             if verdict:
                 out[id(value)] = verdict
     return out
+
+
+CHUNK_BYTES = 64 * 2**20
+
+
+def chunked(raws, limit: int = CHUNK_BYTES):
+    """Group consecutive indices of `raws` into runs of at most `limit` bytes (one item may be
+    larger), so vectorised passes over many tensors need bounded extra memory."""
+    group, size = [], 0
+    for k, raw in enumerate(raws):
+        if group and size + len(raw) > limit:
+            yield group
+            group, size = [], 0
+        group.append(k)
+        size += len(raw)
+    if group:
+        yield group
 
 
 def _verdict(value: Value, data: np.ndarray, target: int, thresholds):

@@ -19,7 +19,7 @@ from onnx import AttributeProto, NodeProto, TensorProto, helper, numpy_helper
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, PRECISION_OF, bf16_bits_to_float, dtype_name, float_to_bf16_bits
 from ..errors import InternalCheckError
 from ..graph import GraphIndex
-from ..plan.classify import Classification
+from ..plan.classify import Classification, chunked
 from ..plan.model import PrecisionPlan
 
 
@@ -375,28 +375,31 @@ def _run_conversions(jobs, stats) -> None:
     fast_ids = {id(j) for j in fast}
     if fast:
         raws = [j[0].raw_data for j in fast]
-        with np.errstate(over="ignore"):
-            half = np.frombuffer(b"".join(raws), dtype="<f4").astype("<f2").tobytes()
-        view = memoryview(half)
-        offset = 0
-        for (source, copy, dst, _), raw in zip(fast, raws):
-            n = len(raw) // 2
-            payload = bytes(view[offset:offset + n])
-            offset += n
-            _store(source, copy, dst, payload, stats)
+        for group in chunked(raws):
+            with np.errstate(over="ignore"):
+                half = np.frombuffer(b"".join(raws[k] for k in group), dtype="<f4").astype("<f2").tobytes()
+            view = memoryview(half)
+            offset = 0
+            for k in group:
+                n = len(raws[k]) // 2
+                source, copy, dst, _ = fast[k]
+                _store(source, copy, dst, bytes(view[offset:offset + n]), stats, len(raws[k]))
+                offset += n
     for job in jobs:
         if id(job) in fast_ids:
             continue
         source, copy, dst, clamp = job
-        raw, clamped = convert_array(_tensor_array(source), source.data_type, dst, clamp)
+        array = _tensor_array(source)
+        raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
-        _store(source, copy, dst, raw, stats)
+        _store(source, copy, dst, raw, stats, array.nbytes)
 
 
-def _store(source, copy, dst, payload, stats) -> None:
+def _store(source, copy, dst, payload, stats, source_bytes=None) -> None:
     if copy is None:
-        stats.initializer_bytes_delta += len(payload) - (len(source.raw_data) if source.HasField("raw_data") else
-                                                         _tensor_array(source).nbytes)
+        if source_bytes is None:
+            source_bytes = len(source.raw_data) if source.HasField("raw_data") else _tensor_array(source).nbytes
+        stats.initializer_bytes_delta += len(payload) - source_bytes
         for fld in ("float_data", "int32_data", "double_data"):
             source.ClearField(fld)
         source.data_type = dst
