@@ -245,6 +245,7 @@ def test_unsorted_graph_is_written_sorted(tmp_path):
     path.write_bytes(m.SerializeToString())
     result = invoke("convert", path, "--check", "full")
     assert result.exit_code == 0, result.output
+    assert "not topologically sorted and were written sorted: main" in result.output
     out = onnx.load(tmp_path / "unsorted.fp16.onnx")
     names = [n.name for n in out.graph.node if n.op_type != "Cast"]
     assert names == ["early", "late"]

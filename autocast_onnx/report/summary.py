@@ -35,6 +35,9 @@ def summary_dict(result) -> dict:
         "initializer_bytes_before": result.initializer_bytes_before,
         "initializer_bytes_after": result.initializer_bytes_after,
         "warnings": len(plan.warnings),
+        "outputs_renamed": list(result.stats.outputs_renamed),
+        "graphs_sorted": list(result.stats.graphs_sorted),
+        "clamped_values": result.stats.clamped_values,
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
     }
 
@@ -57,6 +60,15 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     lines.append(f"casts added: {s['casts_added']}  initializers converted: {s['initializers_converted']}"
                  f" (+{s['initializer_copies']} copies)  dtype attributes retargeted: {s['attributes_retargeted']}")
     lines.append(f"initializer bytes: {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}")
+    stats = result.stats
+    # Changes beyond the plan's casts, said out loud.
+    if stats.outputs_renamed:
+        names = ", ".join(stats.outputs_renamed[:5]) + (" ..." if len(stats.outputs_renamed) > 5 else "")
+        lines.append(f"graph outputs now written by a Cast back to their type (producer output renamed): {names}")
+    if stats.graphs_sorted:
+        lines.append(f"graphs that were not topologically sorted and were written sorted: {', '.join(stats.graphs_sorted)}")
+    if stats.clamped_values:
+        lines.append(f"values clamped to the finite {plan.target} range (forced by a rule): {stats.clamped_values}")
     if plan.warnings:
         lines.append(f"warnings: {len(plan.warnings)}")
         for w in plan.warnings[:max_warnings]:

@@ -31,7 +31,8 @@ class ApplyStats:
     attributes_retargeted: int = 0
     clamped_values: int = 0
     initializer_bytes_delta: int = 0
-    outputs_renamed: list = field(default_factory=list)
+    outputs_renamed: list = field(default_factory=list)   # graph outputs now written by a Cast
+    graphs_sorted: list = field(default_factory=list)     # graphs that were not topologically sorted
 
 
 class _Names:
@@ -236,6 +237,8 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
         first = head.get(scope.id, [])
         if not first and scope.sorted and not any(n.id in after for n in scope.nodes):
             continue
+        if not scope.sorted:
+            stats.graphs_sorted.append(scope.path)
         ordered = list(first)
         for node in scope.order:
             ordered.append(node.proto)
