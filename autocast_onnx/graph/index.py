@@ -115,6 +115,7 @@ class GraphIndex:
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         self.scopes: list[Scope] = []
         self._output_rules: dict = {}
+        self._port_rule_cache: dict = {}
         self.nodes: list[Node] = []
         self.main = self._build_scope(model.graph, None, None, "", "main")
         self._order_and_type_all()
@@ -179,7 +180,7 @@ class GraphIndex:
         # Pass 2: resolve inputs, check order; in a sorted graph without subgraphs, type each node's
         # outputs on the way (its producers are typed already).
         declared = scope.value_info
-        infer = self._infer_output
+        rule_cache = self._port_rule_cache
         has_subgraphs = False
         for node in nodes:
             in_values = []
@@ -216,10 +217,26 @@ class GraphIndex:
                 node.subscopes = tuple(subs)
                 has_subgraphs = has_subgraphs or bool(subs)
             if scope.sorted and not has_subgraphs:
+                outs = node.outputs
+                key = (node.op, node.domain, len(in_values), len(outs))
+                rules = rule_cache.get(key)
+                if rules is None:
+                    rules = rule_cache[key] = self._port_rules(node.domain, node.op, len(in_values), len(outs))
                 port = 0
-                for value in node.outputs:
+                for value in outs:
                     if value is not None:
-                        dtype = infer(node, port)
+                        rule = rules[port]
+                        if rule.__class__ is int:
+                            dtype = rule
+                        elif rule.__class__ is tuple:
+                            dtype = None
+                            for i in rule:
+                                source = in_values[i]
+                                if source is not None and source.dtype is not None:
+                                    dtype = source.dtype
+                                    break
+                        else:
+                            dtype = rule(node, port)
                         if dtype is None:
                             dtype = declared.get(value.name)
                             value.declared = dtype is not None
@@ -359,6 +376,18 @@ class GraphIndex:
             if value is not None and value.dtype is not None:
                 return value.dtype
         return None
+
+    def _port_rules(self, domain, op, n_inputs, n_outputs) -> list:
+        """Typing rule of each output port: an element type, the input ports whose type it takes
+        (a tuple), or a function of the node for ops typed by attributes."""
+        rules = []
+        special = _SPECIAL.get(op) if domain in ("", "ai.onnx") else None
+        for port in range(n_outputs):
+            if special is not None and not (op == "QuantizeLinear" and port > 0):
+                rules.append(special)
+            else:
+                rules.append(self._output_rule(domain, op, port, n_inputs))
+        return rules
 
     def _output_rule(self, domain, op, port, n_inputs):
         """How to type output `port`: a fixed element type (int), or the input ports (tuple)
