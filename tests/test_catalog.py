@@ -2,7 +2,6 @@
 rejects bad files with file:line."""
 
 import csv
-import re
 from pathlib import Path
 
 import pytest

@@ -72,7 +72,6 @@ def if_model():
 def test_if_branches_planned_and_casts_in_defining_graph(precision, keep_io):
     m = if_model()
     H.check(m)
-    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
 
@@ -138,7 +137,6 @@ def test_outer_tensor_cast_once_in_defining_graph(precision, keep_io):
               [tensor("x", F32, [4, 4]), tensor("cond", TensorProto.BOOL, [])], [tensor("y", F32, [4, 4])],
               [init("W", randn([4, 4], 6))])
     H.check(m)
-    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
     assert C.entry(result, "pre_mm").precision == precision
@@ -177,7 +175,6 @@ def loop_model():
 def test_loop_body_matmul_with_loop_carried_float_state(precision, keep_io):
     m = loop_model()
     H.check(m)
-    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
     e = C.entry(result, "loop_mm")
@@ -464,7 +461,6 @@ def eye_noise_model(opset=17):
 def test_eyelike_and_random_normal_like_dtype_attrs(precision, opset, keep_io):
     m = eye_noise_model(opset)
     H.check(m)
-    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
     # EyeLike is keep_fp32 in the default rules: ONNX Runtime has no float16 EyeLike kernel
@@ -526,7 +522,6 @@ def test_resize_scales_and_roi_stay_float(precision, opset, keep_io):
               [init("Wc1", randn([2, 2, 3, 3], 50, 0.3)), init("roi", roi), init("scales", scales),
                init("Wc2", randn([2, 2, 3, 3], 51, 0.3))], opset=opset)
     H.check(m)
-    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
     for name in ("conv1", "upsample", "conv2"):

@@ -144,7 +144,7 @@ def main() -> None:
         fields.append(f"why = {toml_str(why)}")
         lines.append(f"{toml_str(key) if ':' in key else key} = {{ {', '.join(fields)} }}")
     (ROOT / "rules/default.toml").write_text("\n".join(lines) + "\n")
-    print(f"wrote rules/default.toml: " + ", ".join(f"{c} {len(e)}" for c, e in by_cat.items()) + f", pins {len(pins)}")
+    print("wrote rules/default.toml: " + ", ".join(f"{c} {len(e)}" for c, e in by_cat.items()) + f", pins {len(pins)}")
 
 
 if __name__ == "__main__":

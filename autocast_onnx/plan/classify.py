@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from ..catalog import RuleSet
 from ..dtypes import FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name, range_report
-from ..graph import GraphIndex, Node, Value
+from ..graph import GraphIndex, Value
 from ..graph import signatures
 from .model import Reason
 
@@ -41,14 +41,6 @@ class Classification:
     clamp: dict = field(default_factory=dict)      # initializer name -> why
     flush_notes: dict = field(default_factory=dict)  # value id -> (message)
     frozen: list = None
-
-
-class _Options:
-    def __init__(self, target, exclude_ops=(), exclude_nodes=(), include_nodes=()):
-        self.target = target
-        self.exclude_ops = set(exclude_ops)
-        self.exclude_nodes = list(exclude_nodes)
-        self.include_nodes = list(include_nodes)
 
 
 def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), exclude_nodes=(),
