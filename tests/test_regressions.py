@@ -72,6 +72,7 @@ def if_model():
 def test_if_branches_planned_and_casts_in_defining_graph(precision, keep_io):
     m = if_model()
     H.check(m)
+    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
 
@@ -175,6 +176,7 @@ def loop_model():
 def test_loop_body_matmul_with_loop_carried_float_state(precision, keep_io):
     m = loop_model()
     H.check(m)
+    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
     e = C.entry(result, "loop_mm")
@@ -522,6 +524,7 @@ def test_resize_scales_and_roi_stay_float(precision, opset, keep_io):
               [init("Wc1", randn([2, 2, 3, 3], 50, 0.3)), init("roi", roi), init("scales", scales),
                init("Wc2", randn([2, 2, 3, 3], 51, 0.3))], opset=opset)
     H.check(m)
+    target = C.TARGET[precision]
     result = autocast_onnx.convert(m, precision=precision, keep_io_types=keep_io)
     out = converted_ok(result)
     for name in ("conv1", "upsample", "conv2"):
