@@ -197,8 +197,20 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
             _restore(tensor, original)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def _temp_path(parent: Path, name: str) -> Path:
+    """A new empty file beside the destination, with the permissions a plain open() would give
+    (mkstemp's are owner-only)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    os.fchmod(fd, _FILE_MODE)
     os.close(fd)
     return Path(tmp)
 

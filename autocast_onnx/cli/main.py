@@ -11,7 +11,7 @@ import click
 
 from ..errors import AutocastError, InternalCheckError
 
-EXIT_OK, EXIT_INPUT, EXIT_INTERNAL = 0, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def _fail(message: str, code: int) -> None:
@@ -34,6 +34,92 @@ def run_guarded(fn, *args, **kwargs):
         _fail("interrupted; nothing was written", 130)
     except MemoryError:
         _fail("out of memory", EXIT_INPUT)
+
+
+def validation_options(f):
+    """Options shared by `validate` and `convert --validate`."""
+    options = [
+        click.option("--inputs", type=click.Path(path_type=Path), help="An .npz file (one batch) or a folder of .npz files."),
+        click.option("--dim", "dims", multiple=True, help="Value of a symbolic dimension, NAME=VALUE (repeatable)."),
+        click.option("--input-range", "ranges", multiple=True, help="Range of generated values, NAME=LO:HI (repeatable)."),
+        click.option("--batches", type=click.IntRange(1), default=1, show_default=True, help="Generated batches when no --inputs."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs."),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                     help="Where to run: CUDA when onnxruntime-gpu and a GPU are there (auto), or force one."),
+        click.option("--numerics", type=click.Choice(["auto", "emulate", "plain"]), default="auto", show_default=True,
+                     help="emulate: round every low-precision tensor like a GPU (default on CPU); plain: run as is."),
+        click.option("--atol", type=float, help="Max absolute error per output."),
+        click.option("--rtol", type=float, help="Max error relative to max |reference| per output [0.01]."),
+        click.option("--min-cosine", type=float, help="Min cosine similarity per output [0.999]."),
+        click.option("--min-top1", type=float, help="Min top-1 agreement for class-score outputs [0.99]."),
+        click.option("--class-output", "class_outputs", multiple=True, help="Treat this output as class scores (top-1/top-k)."),
+        click.option("--speed/--no-speed", default=True, show_default=True, help="Measure latency and speed-up."),
+        click.option("--iterations", type=click.IntRange(1), default=20, show_default=True, help="Timed runs per model."),
+        click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first."),
+        click.option("--report-json", type=click.Path(path_type=Path), help="Write the report as JSON."),
+        click.option("--report-html", type=click.Path(path_type=Path), help="Write a self-contained HTML report."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _validate_options(kw):
+    from ..config import load_settings
+    from ..validate.core import ValidateOptions
+    from ..validate.inputs import parse_assignments, parse_ranges
+    from ..validate.metrics import Thresholds
+
+    settings, _ = load_settings()
+    thresholds = Thresholds()
+    for key in ("atol", "rtol", "min_cosine", "min_top1"):
+        value = kw.get(key)
+        if value is None:
+            value = settings.get(key, getattr(thresholds, key))
+        setattr(thresholds, key, value)
+    return ValidateOptions(inputs=kw.get("inputs"), dims=parse_assignments(kw.get("dims", ()), "dim"),
+                           ranges=parse_ranges(kw.get("ranges", ())), batches=kw.get("batches", 1),
+                           seed=kw.get("seed", 0), device=kw.get("device", "auto"),
+                           numerics=kw.get("numerics", "auto"), thresholds=thresholds,
+                           speed=kw.get("speed", True), iterations=kw.get("iterations", 20),
+                           warmup=kw.get("warmup", 3), class_outputs=list(kw.get("class_outputs", ())))
+
+
+def _progress(label, total):
+    if total < 2 or not sys.stderr.isatty():
+        return None
+    bar = click.progressbar(length=total, label=label, file=sys.stderr)
+    bar.__enter__()
+
+    class _Bar:
+        def update(self, n):
+            bar.update(n)
+
+        def finish(self):
+            bar.__exit__(None, None, None)
+
+    return _Bar()
+
+
+def _run_validation(reference, converted, kw, quiet=False) -> bool:
+    from ..io import write_text_atomic
+    from ..report.validation import validation_json, validation_text
+    from ..validate.core import validate
+
+    options = _validate_options(kw)
+    for flag in ("report_json", "report_html"):
+        if kw.get(flag) is not None and not Path(kw[flag]).parent.is_dir():
+            raise AutocastError("report folder does not exist", str(Path(kw[flag]).parent), "create it first")
+    report = validate(reference, converted, options, progress=_progress)
+    if not quiet:
+        click.echo(validation_text(report))
+    if kw.get("report_json") is not None:
+        write_text_atomic(Path(kw["report_json"]), validation_json(report) + "\n")
+    if kw.get("report_html") is not None:
+        from ..report.html import validation_html
+
+        write_text_atomic(Path(kw["report_html"]), validation_html(report))
+    return report["passed"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,14 +146,19 @@ def cli() -> None:
 @click.option("--check", type=click.Choice(["full", "basic", "none"]), default="basic", show_default=True,
               help="Checks on the converted model: basic = onnx.checker; full = also ONNX shape/type inference.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+@click.option("--validate", "run_validate", is_flag=True,
+              help="Then validate the result against MODEL (accuracy and speed; exit 1 if a threshold fails).")
+@validation_options
 def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_node, include_node, plan_out,
-            external_data, check, quiet) -> None:
+            external_data, check, quiet, run_validate, **validation) -> None:
     """Convert MODEL to mixed precision and print a summary."""
     from ..pipeline import convert_file, default_output_path
     from ..report import conversion_summary
 
     def body():
         out = output or default_output_path(model, precision)
+        if run_validate:
+            _validate_options(validation)  # refuse bad validation flags before writing anything
         result = convert_file(model, out, plan_out=plan_out, external_data=external_data, precision=precision,
                               rules=list(rules), keep_io_types=keep_io_types, exclude_ops=list(exclude_op),
                               exclude_nodes=list(exclude_node), include_nodes=list(include_node),
@@ -76,8 +167,27 @@ def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_
             click.echo(conversion_summary(result, model, out))
             if plan_out:
                 click.echo(f"plan written to {plan_out}")
+        if run_validate:
+            if not quiet:
+                click.echo("")
+            return _run_validation(model, out, validation, quiet)
+        return True
 
-    run_guarded(body)
+    passed = run_guarded(body)
+    sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+@cli.command()
+@click.argument("reference", type=click.Path(path_type=Path))
+@click.argument("converted", type=click.Path(path_type=Path))
+@validation_options
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; use the exit code.")
+def validate(reference, converted, quiet, **kw) -> None:
+    """Compare CONVERTED against REFERENCE: per-output accuracy and speed.
+
+    Exit codes: 0 every output passes, 1 a threshold failed, 2 usage or input error."""
+    passed = run_guarded(_run_validation, reference, converted, kw, quiet)
+    sys.exit(EXIT_OK if passed else EXIT_FAIL)
 
 
 def main() -> None:

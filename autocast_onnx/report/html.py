@@ -1,0 +1,130 @@
+"""Stage: report. A self-contained HTML page for a validation report: inline SVG charts (no
+scripts, no external files) of per-output error, precision by op type, and latency."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+
+COLORS = {"fp16": "#2a9d8f", "bf16": "#8ab17d", "fp32": "#e76f51", "none": "#bbbbbb", "unchanged": "#bbbbbb"}
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _bars(rows, width=640, bar_h=22, label_w=200, fmt="{:.3g}", threshold=None, log=False, unit=""):
+    """Horizontal bar chart. rows: (label, value, colour)."""
+    if not rows:
+        return "<p>(nothing to plot)</p>"
+    values = [max(v, 1e-12) if log else v for _, v, _ in rows]
+    top = max(values + ([threshold] if threshold else []))
+    low = min(values + ([threshold] if threshold else [])) if log else 0.0
+
+    def x(v):
+        if log:
+            lo, hi = math.log10(low) - 0.5, math.log10(top) + 0.1
+            return label_w + (math.log10(max(v, 1e-12)) - lo) / (hi - lo) * (width - label_w - 80)
+        return label_w + (v / top if top else 0) * (width - label_w - 80)
+
+    h = bar_h * len(rows) + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">']
+    for i, (label, value, colour) in enumerate(rows):
+        y = 10 + i * bar_h
+        parts.append(f'<text x="{label_w - 6}" y="{y + bar_h * 0.65:.1f}" text-anchor="end" font-size="12">{_esc(label[:30])}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{max(1.0, x(value) - label_w):.1f}" height="{bar_h - 6}" fill="{colour}"/>')
+        parts.append(f'<text x="{x(value) + 4:.1f}" y="{y + bar_h * 0.65:.1f}" font-size="11">{_esc(fmt.format(value))}{unit}</text>')
+    if threshold:
+        tx = x(threshold)
+        parts.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="5" y2="{h - 18}" stroke="#444" stroke-dasharray="4 3"/>')
+        parts.append(f'<text x="{tx:.1f}" y="{h - 5}" font-size="11" text-anchor="middle">threshold {threshold:g}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _stacked(rows, width=640, bar_h=20, label_w=200):
+    """Stacked horizontal bars: rows of (label, {kind: count})."""
+    if not rows:
+        return "<p>(nothing to plot)</p>"
+    top = max(sum(c.values()) for _, c in rows)
+    h = bar_h * len(rows) + 40
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">']
+    for i, (label, counts) in enumerate(rows):
+        y = 10 + i * bar_h
+        parts.append(f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end" font-size="12">{_esc(label)}</text>')
+        x = label_w
+        for kind in ("fp16", "bf16", "fp32", "none"):
+            n = counts.get(kind, 0)
+            if not n:
+                continue
+            w = n / top * (width - label_w - 60)
+            parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" fill="{COLORS[kind]}">'
+                         f'<title>{_esc(label)}: {n} {kind}</title></rect>')
+            x += w
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + bar_h * 0.7:.1f}" font-size="11">{sum(counts.values())}</text>')
+    legend_y = h - 12
+    lx = label_w
+    for kind in ("fp16", "bf16", "fp32", "none"):
+        parts.append(f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{COLORS[kind]}"/>'
+                     f'<text x="{lx + 14}" y="{legend_y}" font-size="11">{kind}</text>')
+        lx += 70
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def validation_html(report: dict) -> str:
+    outputs = report["outputs"]
+    t = report["thresholds"]
+    err_rows = [(o["name"], o["relative_error"], "#2a9d8f" if o["passed"] else "#e63946") for o in outputs]
+    cos_rows = [(o["name"], max(1e-12, 1.0 - o["cosine"]), "#2a9d8f" if o["passed"] else "#e63946") for o in outputs]
+    ops = sorted(report.get("precision_by_op", {}).items(), key=lambda kv: -sum(kv[1].values()))
+    prec = _stacked(ops[:40])
+    speed = report.get("speed")
+    speed_html = "<p>Speed was not measured (--no-speed).</p>"
+    if speed:
+        r, c = speed["reference"], speed["converted"]
+        speed_html = _bars([("reference p50", r["p50_ms"], "#8d99ae"), ("converted p50", c["p50_ms"], "#2a9d8f"),
+                            ("reference p90", r["p90_ms"], "#c0c7d3"), ("converted p90", c["p90_ms"], "#8fd1c8")],
+                           fmt="{:.3f}", unit=" ms")
+        speed_html += (f"<p>Speed-up (p50): <b>{speed['speedup_p50']:.2f}×</b> on {_esc(speed['device'])}, batch "
+                       f"{speed['batch_size']}, {r['iterations']} runs after {r['warmup']} warm-up.</p>")
+        if speed.get("note"):
+            speed_html += f"<p class=note>{_esc(speed['note'])}</p>"
+    rows = "".join(
+        f"<tr class={'pass' if o['passed'] else 'fail'}><td>{_esc(o['name'])}</td><td>{o['max_abs_error']:.4g}</td>"
+        f"<td>{o['relative_error']:.4g}</td><td>{o['mean_abs_error']:.4g}</td><td>{o['cosine']:.6f}</td>"
+        f"<td>{'-' if o['top1'] is None else format(o['top1'], '.4f')}</td><td>{o['new_nan']}/{o['new_inf']}</td>"
+        f"<td>{'pass' if o['passed'] else 'FAIL: ' + _esc('; '.join(o['failures']))}</td></tr>" for o in outputs)
+    verdict = "PASS" if report["passed"] else "FAIL"
+    numerics = ("emulated low-precision rounding on CPU" if report["numerics"] == "emulate"
+                else "as ONNX Runtime runs it")
+    dims = ", ".join(f"{k}={v}" for k, v in report["inputs"]["dims"].items())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>autocast-onnx validation: {verdict}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 960px; color: #222; }}
+h1 span.pass {{ color: #2a9d8f; }} h1 span.fail {{ color: #e63946; }}
+table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: right; }}
+td:first-child, th:first-child {{ text-align: left; }} tr.fail td {{ background: #fde8e8; }}
+.note {{ color: #666; font-size: 0.9em; }}
+</style></head><body>
+<h1>Validation: <span class="{verdict.lower()}">{verdict}</span></h1>
+<p>Reference <code>{_esc(report['reference']['path'] or '<in memory>')}</code>, converted
+<code>{_esc(report['converted']['path'] or '<in memory>')}</code>. Device {_esc(report['device'])}; numerics:
+{numerics}. Inputs: {_esc(report['inputs']['source'])}, {report['inputs']['batches']} batch(es){'; ' + _esc(dims) if dims else ''}.</p>
+{f"<p class=note>{_esc(report['device_note'])}</p>" if report.get('device_note') else ''}
+<h2>Per-output error</h2>
+<table><tr><th>output</th><th>max abs</th><th>relative</th><th>mean abs</th><th>cosine</th><th>top-1</th><th>new NaN/inf</th><th>verdict</th></tr>{rows}</table>
+<h3>Relative error (max |error| / max |reference|, log scale)</h3>
+{_bars(err_rows, threshold=t.get('rtol'), log=True)}
+<h3>1 − cosine similarity (log scale)</h3>
+{_bars(cos_rows, threshold=(1 - t['min_cosine']) if t.get('min_cosine') is not None else None, log=True)}
+<h2>Precision by op type (converted model)</h2>
+{prec}
+<h2>Latency</h2>
+{speed_html}
+<h2>Raw report</h2>
+<details><summary>JSON</summary><pre>{_esc(json.dumps(report, indent=1, default=float))}</pre></details>
+</body></html>
+"""

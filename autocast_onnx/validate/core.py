@@ -1,0 +1,174 @@
+"""Stage: validate. Runs the reference and the converted model on the same batches, compares
+every output, measures speed, and returns the report as a plain dict (see
+docs/validate-report.schema.json)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from .. import __version__
+from ..dtypes import MIXABLE, dtype_name
+from ..errors import AutocastError
+from ..graph import build_index
+from ..io import load_model
+from . import runner
+from .emulate import emulation_model
+from .inputs import describe_inputs, generate, load_batches, plan_inputs
+from .metrics import OutputStats, Thresholds, verdict
+
+SCHEMA_VERSION = 1
+CPU_SPEED_NOTE = ("measured on CPU: ONNX Runtime's CPU provider has few fp16 kernels and adds casts around the "
+                  "rest, so fp16 speed on CPU says nothing about speed on a GPU")
+
+
+@dataclass
+class ValidateOptions:
+    inputs: str | None = None          # .npz file or folder of .npz files
+    dims: dict = field(default_factory=dict)
+    ranges: dict = field(default_factory=dict)
+    batches: int = 1                   # generated batches when no inputs are given
+    seed: int = 0
+    device: str = "auto"               # auto, cpu, cuda
+    numerics: str = "auto"             # auto, emulate, plain
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    speed: bool = True
+    iterations: int = 20
+    warmup: int = 3
+    class_outputs: list = field(default_factory=list)   # outputs to score top-1/top-k on, by name
+
+
+def _load(model, label):
+    if isinstance(model, onnx.ModelProto):
+        return model, None, model.ByteSize()
+    loaded = load_model(model)
+    size = loaded.file_bytes + sum(os.path.getsize(Path(model).parent / f) for f in loaded.external_files)
+    return loaded.model, str(model), size
+
+
+def precision_by_op(model: onnx.ModelProto) -> dict:
+    """op type -> {compute type: node count} of a model, read from its tensor types."""
+    index = build_index(model)
+    out: dict = {}
+    for node in index.nodes:
+        kind = "none"
+        for value in list(node.outputs) + list(node.inputs):
+            if value is not None and value.dtype in MIXABLE:
+                kind = dtype_name(value.dtype)
+                break
+        out.setdefault(node.op, {}).setdefault(kind, 0)
+        out[node.op][kind] += 1
+    return dict(sorted(out.items()))
+
+
+def validate(reference, converted, options: ValidateOptions | None = None, progress=None) -> dict:
+    """Compare `converted` against `reference` (paths or ModelProtos). `progress(label, n)` is
+    called to report long loops (it returns an iterable wrapper), or None."""
+    options = options or ValidateOptions()
+    ref_model, ref_path, ref_bytes = _load(reference, "reference")
+    conv_model, conv_path, conv_bytes = _load(converted, "converted")
+    device, device_note = runner.resolve_device(options.device)
+    numerics = options.numerics
+    if numerics == "auto":
+        numerics = "plain" if device == "cuda" else "emulate"
+    if numerics not in ("emulate", "plain"):
+        raise AutocastError(f"unknown numerics {numerics!r}", "--numerics", "use auto, emulate or plain")
+
+    specs = describe_inputs(ref_model)
+    conv_specs = {s.name: s for s in describe_inputs(conv_model)}
+    missing = [s.name for s in specs if s.name not in conv_specs]
+    if missing:
+        raise AutocastError(f"the converted model lacks input(s) {', '.join(missing)} of the reference",
+                            conv_path or "<converted>", "compare a model with its own conversion")
+    plan = plan_inputs(specs, options.dims, options.ranges)
+    if options.inputs:
+        batches = load_batches(options.inputs, specs)
+        plan.source = str(options.inputs)
+    else:
+        batches = [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
+
+    ref_sess = runner.session(ref_model.SerializeToString(), device)
+    if numerics == "emulate":
+        conv_sess = runner.session(emulation_model(conv_model).SerializeToString(), "cpu", optimize=False)
+    else:
+        conv_sess = runner.session(conv_model.SerializeToString(), device)
+    ref_names = [o.name for o in ref_sess.get_outputs()]
+    conv_names = [o.name for o in conv_sess.get_outputs()]
+    if ref_names != conv_names:
+        raise AutocastError("the models' outputs differ: " + ", ".join(ref_names) + " vs " + ", ".join(conv_names),
+                            conv_path or "<converted>", "compare a model with its own conversion")
+    unknown = set(options.class_outputs) - set(ref_names)
+    if unknown:
+        raise AutocastError(f"--class-output names unknown output(s): {', '.join(sorted(unknown))}", None,
+                            "outputs are: " + ", ".join(ref_names))
+    stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in ref_names]
+    loop = progress("comparing", len(batches)) if progress else None
+    for k, feeds in enumerate(batches):
+        conv_feeds = {name: feeds[name].astype(_np_type(conv_specs[name].elem_type)) for name in feeds}
+        ref_out = runner.run(ref_sess, feeds)
+        conv_out = runner.run(conv_sess, conv_feeds)
+        for s, r, o in zip(stats, ref_out, conv_out):
+            s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o)
+        if loop:
+            loop.update(1)
+    if loop:
+        loop.finish()
+
+    outputs = []
+    for s in stats:
+        summary = s.summary()
+        summary["passed"], summary["failures"] = verdict(summary, options.thresholds)
+        outputs.append(summary)
+
+    speed = None
+    if options.speed:
+        feeds = batches[0]
+        conv_feeds = {name: feeds[name].astype(_np_type(conv_specs[name].elem_type)) for name in feeds}
+        real_conv = conv_sess if numerics == "plain" else runner.session(conv_model.SerializeToString(), device)
+        ref_lat = runner.latency(ref_sess, feeds, device, options.iterations, options.warmup)
+        conv_lat = runner.latency(real_conv, conv_feeds, device, options.iterations, options.warmup)
+        batch = _batch_size(feeds)
+        speed = {
+            "device": device, "batch_size": batch,
+            "reference": ref_lat | {"throughput_per_s": batch / (ref_lat["p50_ms"] / 1e3)},
+            "converted": conv_lat | {"throughput_per_s": batch / (conv_lat["p50_ms"] / 1e3)},
+            "speedup_p50": ref_lat["p50_ms"] / conv_lat["p50_ms"],
+            "peak_gpu_memory_bytes": None,
+            "note": CPU_SPEED_NOTE if device == "cpu" else None,
+        }
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "autocast-onnx", "version": __version__},
+        "reference": {"path": ref_path, "bytes": ref_bytes},
+        "converted": {"path": conv_path, "bytes": conv_bytes},
+        "size_ratio": conv_bytes / ref_bytes if ref_bytes else None,
+        "device": device,
+        "device_note": device_note,
+        "numerics": numerics,
+        "inputs": {
+            "source": plan.source, "batches": len(batches), "dims": plan.dims, "dim_defaults": plan.dim_defaults,
+            "ranges": {k: list(v) for k, v in plan.ranges.items()},
+            "specs": [{"name": s.name, "dtype": dtype_name(s.elem_type), "shape": list(batches[0][s.name].shape)}
+                      for s in specs],
+        },
+        "thresholds": options.thresholds.as_dict(),
+        "outputs": outputs,
+        "passed": all(o["passed"] for o in outputs),
+        "speed": speed,
+        "precision_by_op": precision_by_op(conv_model),
+    }
+
+
+def _np_type(elem_type):
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def _batch_size(feeds: dict) -> int:
+    for value in feeds.values():
+        if value.ndim:
+            return int(value.shape[0])
+    return 1

@@ -1,0 +1,89 @@
+"""Stage: validate / runner. ONNX Runtime sessions on the chosen device, inference over
+batches, and latency measurement (I/O binding on CUDA so host copies are not timed)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import AutocastError
+
+RUNTIME_HINT = 'install a runtime: pip install "autocast-onnx[cpu]" (or "[gpu]" for CUDA)'
+
+
+def ort():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise AutocastError("this command needs ONNX Runtime, which is not installed", None, RUNTIME_HINT) from None
+    return onnxruntime
+
+
+def resolve_device(requested: str) -> tuple[str, str | None]:
+    """('cuda' or 'cpu', a note when 'auto' fell back or a request cannot be met)."""
+    rt = ort()
+    has_cuda = "CUDAExecutionProvider" in rt.get_available_providers()
+    if requested == "cuda":
+        if not has_cuda:
+            raise AutocastError("--device cuda: ONNX Runtime has no CUDA execution provider here", None,
+                                'install onnxruntime-gpu ("autocast-onnx[gpu]") on a machine with an NVIDIA GPU')
+        return "cuda", None
+    if requested == "cpu":
+        return "cpu", None
+    if has_cuda:
+        return "cuda", None
+    return "cpu", "no CUDA execution provider available: ran on CPU"
+
+
+def session(model_bytes: bytes, device: str, optimize: bool = True):
+    rt = ort()
+    options = rt.SessionOptions()
+    options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    try:
+        return rt.InferenceSession(model_bytes, options, providers=providers)
+    except Exception as exc:  # ORT raises its own exception types for unsupported models
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AutocastError(f"ONNX Runtime cannot load the model: {first[:300]}", None,
+                            "check that the model runs in ONNX Runtime on its own") from None
+
+
+def run(sess, feeds: dict) -> list[np.ndarray]:
+    try:
+        return sess.run(None, feeds)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AutocastError(f"ONNX Runtime failed to run the model: {first[:300]}", None,
+                            "check the input shapes (--dim) and values (--input-range)") from None
+
+
+def latency(sess, feeds: dict, device: str, iterations: int, warmup: int) -> dict:
+    """Seconds per run over `iterations` runs after `warmup` runs."""
+    if device == "cuda":
+        binding = sess.io_binding()
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, ort().OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+        for out in sess.get_outputs():
+            binding.bind_output(out.name, "cuda")
+
+        def once():
+            binding.synchronize_inputs()
+            sess.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+    else:
+        def once():
+            sess.run(None, feeds)
+    for _ in range(warmup):
+        once()
+    times = []
+    for _ in range(iterations):
+        t = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t)
+    arr = np.array(times)
+    return {"iterations": iterations, "warmup": warmup, "p50_ms": float(np.percentile(arr, 50) * 1e3),
+            "p90_ms": float(np.percentile(arr, 90) * 1e3), "min_ms": float(arr.min() * 1e3),
+            "mean_ms": float(arr.mean() * 1e3)}
