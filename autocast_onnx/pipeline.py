@@ -80,12 +80,13 @@ def _initializer_bytes(index) -> int:
 
 def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp16", rules=(),
             keep_io_types: bool = True, exclude_ops=(), exclude_nodes=(), include_nodes=(),
-            check: str = "basic", copy: bool = True) -> ConversionResult:
+            check: str = "basic", copy: bool = True, calibration=None, force_fp32=None) -> ConversionResult:
     """Convert a model to mixed precision.
 
     `model` is a ModelProto (copied unless copy=False) or a path. `rules` are extra rule files,
-    applied in order over the default profile. Returns the converted model, the precision plan
-    (node -> precision and reasons) and statistics. Raises AutocastError on bad input.
+    applied in order over the default profile. `calibration` maps tensor names to measured ranges
+    (see validate.calibrate). Returns the converted model, the precision plan (node -> precision
+    and reasons) and statistics. Raises AutocastError on bad input.
     """
     timings = {}
     t0 = time.perf_counter()
@@ -97,11 +98,11 @@ def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp1
     timings["load"] = time.perf_counter() - t0
     return _convert_loaded(loaded, precision=precision, rules=rules, keep_io_types=keep_io_types,
                            exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes,
-                           check=check, timings=timings)
+                           check=check, timings=timings, calibration=calibration, force_fp32=force_fp32)
 
 
 def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exclude_ops, exclude_nodes,
-                    include_nodes, check, timings) -> ConversionResult:
+                    include_nodes, check, timings, calibration=None, force_fp32=None) -> ConversionResult:
     if precision not in ("fp16", "bf16"):
         raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16")
     target = PRECISION_OF[precision]
@@ -123,7 +124,7 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
         cls = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
-                       include_nodes=incl_nodes)
+                       include_nodes=incl_nodes, ranges=calibration, force_fp32=force_fp32)
         plan = paint(index, cls, target, keep_io_types, rule_set.files, order=global_order(index))
         timings["plan"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -187,10 +188,12 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
 
 
 def _api_options(options: dict) -> dict:
-    allowed = {"precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes", "include_nodes"}
+    allowed = {"precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes", "include_nodes", "calibration",
+               "force_fp32"}
     unknown = set(options) - allowed
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
     return {"precision": options.get("precision", "fp16"), "rules": options.get("rules", ()),
             "keep_io_types": options.get("keep_io_types", True), "exclude_ops": options.get("exclude_ops", ()),
-            "exclude_nodes": options.get("exclude_nodes", ()), "include_nodes": options.get("include_nodes", ())}
+            "exclude_nodes": options.get("exclude_nodes", ()), "include_nodes": options.get("include_nodes", ()),
+            "calibration": options.get("calibration"), "force_fp32": options.get("force_fp32")}

@@ -73,6 +73,10 @@ small_constant_elements = 64
 # A larger initializer keeps its consumer fp32 when more than this fraction of its nonzero
 # values would flush to zero in the target type; a smaller fraction is converted and reported.
 max_flush_fraction = 0.01
+# With --calibration-data: a node whose input or output reached more than (largest finite value of
+# the target type) / calibration_headroom in magnitude, or whose nonzero values all flush to zero,
+# stays fp32. 4 leaves room for inputs larger than the calibration data.
+calibration_headroom = 4.0
 '''
 
 

@@ -32,8 +32,9 @@ THRESHOLDS = {
     # name: (type, minimum, maximum)
     "small_constant_elements": (int, 0, 2**31),
     "max_flush_fraction": (float, 0.0, 1.0),
+    "calibration_headroom": (float, 1.0, 1e6),
 }
-DEFAULT_THRESHOLDS = {"small_constant_elements": 64, "max_flush_fraction": 0.01}
+DEFAULT_THRESHOLDS = {"small_constant_elements": 64, "max_flush_fraction": 0.01, "calibration_headroom": 4.0}
 NODE_KEYS = {"match", "name", "precision", "why", "op_types"}
 PIN_KEYS = {"inputs", "outputs", "why"}
 OP_KEY = re.compile(r"^(?:(?P<domain>[A-Za-z_][\w.\-]*):)?(?P<op>[A-Za-z_]\w*)$")

@@ -146,23 +146,55 @@ def cli() -> None:
 @click.option("--check", type=click.Choice(["full", "basic", "none"]), default="basic", show_default=True,
               help="Checks on the converted model: basic = onnx.checker; full = also ONNX shape/type inference.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+@click.option("--calibration-data", type=click.Path(path_type=Path),
+              help="An .npz file or folder of them: run the fp32 model on it and keep fp32 the nodes whose tensors leave the target type's safe range.")
+@click.option("--target", "targets", multiple=True,
+              help="Accuracy target, e.g. 'cosine=0.9999,top1=0.99' (keys atol, rtol, cosine, top1): keep the fewest nodes fp32 that meet it on the validation inputs.")
 @click.option("--validate", "run_validate", is_flag=True,
               help="Then validate the result against MODEL (accuracy and speed; exit 1 if a threshold fails).")
 @validation_options
 def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_node, include_node, plan_out,
-            external_data, check, quiet, run_validate, **validation) -> None:
+            external_data, check, quiet, calibration_data, targets, run_validate, **validation) -> None:
     """Convert MODEL to mixed precision and print a summary."""
     from ..pipeline import convert_file, default_output_path
     from ..report import conversion_summary
 
     def body():
         out = output or default_output_path(model, precision)
-        if run_validate:
-            _validate_options(validation)  # refuse bad validation flags before writing anything
-        result = convert_file(model, out, plan_out=plan_out, external_data=external_data, precision=precision,
-                              rules=list(rules), keep_io_types=keep_io_types, exclude_ops=list(exclude_op),
-                              exclude_nodes=list(exclude_node), include_nodes=list(include_node),
-                              check=check)
+        options = _validate_options(validation)  # refuse bad validation flags before any work
+        convert_options = dict(precision=precision, rules=list(rules), keep_io_types=keep_io_types,
+                               exclude_ops=list(exclude_op), exclude_nodes=list(exclude_node),
+                               include_nodes=list(include_node))
+        calibration = force = None
+        if calibration_data is not None or targets:
+            from ..io import load_model
+            from ..validate import runner
+            from ..validate.inputs import describe_inputs, generate, load_batches, plan_inputs
+
+            source = load_model(model).model
+            specs = describe_inputs(source)
+            device, _ = runner.resolve_device(options.device)
+            if calibration_data is not None:
+                from ..validate.calibrate import calibrate
+
+                calibration = calibrate(source, load_batches(calibration_data, specs), device, _progress)
+            if targets:
+                from ..validate.search import parse_target, search
+
+                goal = parse_target(targets)
+                if options.inputs:
+                    batches = load_batches(options.inputs, specs)
+                else:
+                    in_plan = plan_inputs(specs, options.dims, options.ranges)
+                    batches = [generate(in_plan, seed=options.seed + k) for k in range(options.batches)]
+                force, log = search(source, batches, dict(convert_options, calibration=calibration), goal,
+                                    device, _progress)
+                if not quiet:
+                    kept = ", ".join(log["kept"]) if log["kept"] else "none"
+                    click.echo(f"--target search: {log['evaluations']} evaluations over {log['candidates']} "
+                               f"low-precision nodes; kept fp32: {kept}")
+        result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check,
+                              calibration=calibration, force_fp32=force, **convert_options)
         if not quiet:
             click.echo(conversion_summary(result, model, out))
             if plan_out:

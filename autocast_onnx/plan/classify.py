@@ -44,7 +44,10 @@ class Classification:
 
 
 def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), exclude_nodes=(),
-             include_nodes=()) -> Classification:
+             include_nodes=(), ranges=None, force_fp32=None) -> Classification:
+    """Categories, port roles and rule/data seeds of every node. `ranges` (tensor name ->
+    TensorRange from calibration) adds measured-range seeds; `force_fp32` (node id -> Reason)
+    keeps chosen nodes fp32 (the accuracy search uses it)."""
     n = len(index.nodes)
     cls = Classification(cat=[None] * n, roles_in=[None] * n, roles_out=[None] * n, seed=[None] * n,
                          reasons=[None] * n, pins_in=[()] * n, pins_out=[()] * n, frozen=[False] * n)
@@ -147,9 +150,22 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
                     forced = ("deny", Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
         if op in excl_ops or f"{domain}:{op}" in excl_ops:
             forced = ("deny", Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
+        if force_fp32 and nid in force_fp32:
+            forced = ("deny", force_fp32[nid])
         if forced is not None:
             cls.seed[nid] = forced[0]
             reasons.append(forced[1])
+
+        if ranges and cat in "LFC" and node.scope is index.main:
+            measured = _calibration_verdict(node, cls.roles_in[nid], cls.roles_out[nid], ranges, target, thresholds)
+            if measured is not None:
+                if cls.seed[nid] == "allow":
+                    cls.warnings.append(("calibration", f"node {node.label}: {measured.message}; forced to "
+                                         f"{dtype_name(target)} anyway", node.label))
+                    reasons.append(measured)
+                elif cls.seed[nid] != "deny":
+                    cls.seed[nid] = "deny"
+                    reasons.append(measured)
 
         # Constant inputs that would be converted go through the data rules (batched below).
         if cat in "LFC" and cls.seed[nid] != "deny":
@@ -181,6 +197,35 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
             cls.seed[nid] = "deny"
             cls.reasons[nid].append(Reason(kind, message, value=measured))
     return cls
+
+
+def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
+    """A Reason when a tensor the node would hold in the target type left its safe range on the
+    calibration data, else None."""
+    max_value, tiny = LIMITS[target]
+    limit = max_value / thresholds["calibration_headroom"]
+    tname = dtype_name(target)
+    ports = [(v, r) for v, r in zip(node.inputs, roles_in)] + [(v, r) for v, r in zip(node.outputs, roles_out)]
+    worst = None
+    for value, role in ports:
+        if value is None or role != "p":
+            continue
+        measured = ranges.get(value.name)
+        if measured is None:
+            continue
+        if measured.max_abs > limit and (worst is None or measured.max_abs > worst[1]):
+            worst = (value.name, measured.max_abs, "over")
+        elif 0 < measured.max_abs < tiny / 2 and worst is None:
+            worst = (value.name, measured.max_abs, "flush")
+    if worst is None:
+        return None
+    name, v, kind = worst
+    if kind == "over":
+        message = (f"calibration: max |{name}| = {v:.4g} exceeds {limit:.4g} (the {tname} maximum / "
+                   f"calibration_headroom {thresholds['calibration_headroom']:g})")
+    else:
+        message = f"calibration: max |{name}| = {v:.3g}: every value flushes to zero in {tname}"
+    return Reason("calibration", message, "rules/default.toml [thresholds] calibration_headroom", value=v)
 
 
 def _category(rules, domain, op, node, warnings):
