@@ -1,0 +1,119 @@
+"""Calibration-driven planning and the --target accuracy search."""
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import autocast_onnx
+from autocast_onnx import AutocastError
+from autocast_onnx.validate import calibrate as calib
+from autocast_onnx.validate.calibrate import calibrate
+from autocast_onnx.validate.search import parse_target, search
+from helpers import F32, init, model, precision, tensor
+
+RNG = np.random.default_rng(0)
+
+
+def big_mlp():
+    """fc2_big turns inputs of magnitude ~10 into activations ~1e5: beyond fp16."""
+    w1 = RNG.standard_normal((16, 16)).astype(np.float32) * 0.3
+    w2 = RNG.standard_normal((16, 16)).astype(np.float32) * 2000
+    w3 = RNG.standard_normal((16, 16)).astype(np.float32) * 1e-4
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+             helper.make_node("Relu", ["h1"], ["a1"], name="act1"),
+             helper.make_node("MatMul", ["a1", "w2"], ["h2"], name="fc2_big"),
+             helper.make_node("Relu", ["h2"], ["a2"], name="act2"),
+             helper.make_node("MatMul", ["a2", "w3"], ["y"], name="fc3")]
+    return model(nodes, [tensor("x", F32, ["batch", 16])], [tensor("y", F32, ["batch", 16])],
+                 [init("w1", w1), init("w2", w2), init("w3", w3)])
+
+
+def batches(n=2, scale=10.0):
+    return [{"x": (RNG.standard_normal((8, 16)) * scale).astype(np.float32)} for _ in range(n)]
+
+
+def test_calibration_records_ranges_in_groups(monkeypatch):
+    monkeypatch.setattr(calib, "GROUP", 2)   # several probe sessions: streaming in groups
+    data = batches()
+    ranges = calibrate(big_mlp(), data)
+    assert set(ranges) == {"x", "h1", "a1", "h2", "a2", "y"}
+    assert ranges["x"].max_abs == pytest.approx(max(np.abs(b["x"]).max() for b in data))
+    assert ranges["h2"].max_abs > 65504 / 4
+    assert ranges["a1"].min_nonzero_abs > 0
+
+
+def test_calibration_keeps_out_of_range_nodes_fp32_with_measured_value():
+    m = big_mlp()
+    ranges = calibrate(m, batches())
+    plain = autocast_onnx.convert(m)
+    assert precision(plain, "fc2_big") == "fp16"
+    r = autocast_onnx.convert(m, calibration=ranges, check="full")
+    assert precision(r, "fc1") == "fp16"
+    assert precision(r, "fc2_big") == "fp32" and precision(r, "act2") == "fp32" and precision(r, "fc3") == "fp32"
+    reason = [x for x in r.plan.by_name("fc2_big")[0].reasons if x.code == "calibration"][0]
+    assert reason.value == pytest.approx(ranges["h2"].max_abs)
+    assert "h2" in reason.message
+
+
+def test_calibration_headroom_is_a_rule_threshold(tmp_path):
+    m = big_mlp()
+    ranges = calibrate(m, batches(scale=0.5))   # small inputs: ~1e4 activations
+    strict = tmp_path / "strict.toml"
+    strict.write_text("[thresholds]\ncalibration_headroom = 1000.0\n")
+    loose = autocast_onnx.convert(m, calibration=ranges)
+    tight = autocast_onnx.convert(m, calibration=ranges, rules=[strict])
+    assert precision(loose, "fc2_big") == "fp16"
+    assert precision(tight, "fc2_big") == "fp32"
+
+
+def test_parse_target():
+    t = parse_target(["cosine=0.9999,top1=0.98", "atol=1e-3"])
+    assert (t.min_cosine, t.min_top1, t.atol, t.rtol) == (0.9999, 0.98, 1e-3, None)
+    for bad in (["speed=2"], ["cosine"], ["cosine=high"], [""]):
+        with pytest.raises(AutocastError):
+            parse_target(bad)
+
+
+def test_search_finds_the_culprits_in_few_evaluations():
+    m = big_mlp()
+    forced, log = search(m, batches(), {"precision": "fp16"}, parse_target(["cosine=0.9999"]))
+    assert sorted(log["kept"]) == ["fc2_big", "fc3"]
+    assert log["initial_failures"]
+    # 2 checks up front, then per culprit one check and a binary search over 5 candidates
+    assert log["evaluations"] <= 2 + 2 * (1 + 3) + 1
+    r = autocast_onnx.convert(m, force_fp32=forced, check="full")
+    assert precision(r, "fc1") == "fp16"
+    assert any(x.code == "accuracy-search" for x in r.plan.by_name("fc3")[0].reasons)
+
+
+def test_search_with_nothing_to_fix_keeps_nothing():
+    forced, log = search(big_mlp(), batches(scale=0.01), {"precision": "fp16"}, parse_target(["cosine=0.99"]))
+    assert forced == {} and log["kept"] == [] and log["evaluations"] == 1
+
+
+def test_search_reports_an_unreachable_target():
+    # With every node fp32 the model equals the reference, unless its inputs are rounded to fp16
+    # (--no-keep-io-types): then an exact target cannot be met by keeping nodes fp32.
+    with pytest.raises(AutocastError, match="cannot be met"):
+        search(big_mlp(), batches(), {"precision": "fp16", "keep_io_types": False}, parse_target(["atol=0"]))
+
+
+def test_cli_calibration_and_target(tmp_path):
+    src = tmp_path / "mlp.onnx"
+    onnx.save(big_mlp(), src)
+    data = tmp_path / "calib.npz"
+    np.savez(data, x=(RNG.standard_normal((8, 16)) * 10).astype(np.float32))
+    base = [sys.executable, "-m", "autocast_onnx", "convert", str(src), "--no-speed", "--inputs", str(data)]
+    plain = subprocess.run(base + ["-o", str(tmp_path / "a.onnx"), "--validate"], capture_output=True, text=True)
+    assert plain.returncode == 1 and "FAIL" in plain.stdout
+    cal = subprocess.run(base + ["-o", str(tmp_path / "b.onnx"), "--validate", "--calibration-data", str(data)],
+                         capture_output=True, text=True)
+    assert cal.returncode == 0, cal.stdout + cal.stderr
+    tgt = subprocess.run(base + ["-o", str(tmp_path / "c.onnx"), "--validate", "--target", "cosine=0.9999"],
+                         capture_output=True, text=True)
+    assert tgt.returncode == 0, tgt.stdout + tgt.stderr
+    assert "kept fp32: fc" in tgt.stdout
