@@ -86,13 +86,19 @@ def _np(ort_type: str):
             "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}.get(ort_type, np.float32)
 
 
+def _forced_low(entry) -> bool:
+    """The user forced this node low (--include-node or a node rule): the search leaves it be."""
+    return any(r.code == "cli-include" or (r.code == "node-rule" and "forces low" in r.message)
+               for r in entry.reasons)
+
+
 def search(model: onnx.ModelProto, batches, convert_options: dict, target: Thresholds, device: str = "cpu",
            progress=None) -> tuple[dict, dict]:
     """(node id -> Reason for the nodes to keep fp32, a log of the search)."""
     ev = _Evaluator(model, batches, convert_options, target, device)
     first = ev.convert({})
     index = build_index(onnx.ModelProto.FromString(model.SerializeToString()))
-    low = {p.id for p in first.plan.nodes if p.precision in ("fp16", "bf16")}
+    low = {p.id for p in first.plan.nodes if p.precision in ("fp16", "bf16") and not _forced_low(p)}
     order = [n.id for n in global_order(index) if n.id in low]
     labels = {n.id: n.label for n in index.nodes}
     log = {"candidates": len(order), "evaluations": 0, "kept": [], "initial_failures": [], "passed": True}
