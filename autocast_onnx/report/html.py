@@ -81,11 +81,12 @@ def validation_html(report: dict) -> str:
     ops = sorted(report.get("precision_by_op", {}).items(), key=lambda kv: -sum(kv[1].values()))
     prec = _stacked(ops[:40])
     speed = report.get("speed")
-    speed_html = "<p>Speed was not measured (--no-speed).</p>"
+    speed_html = f"<p>{_esc(report.get('speed_skipped') or 'Speed was not measured (--no-speed).')}</p>"
     if speed:
         r, c = speed["reference"], speed["converted"]
         speed_html = _bars([("reference p50", r["p50_ms"], "#8d99ae"), ("converted p50", c["p50_ms"], "#2a9d8f"),
-                            ("reference p90", r["p90_ms"], "#c0c7d3"), ("converted p90", c["p90_ms"], "#8fd1c8")],
+                            ("reference p90", r["p90_ms"], "#c0c7d3"), ("converted p90", c["p90_ms"], "#8fd1c8"),
+                            ("reference min", r["min_ms"], "#dde1e8"), ("converted min", c["min_ms"], "#c4e8e3")],
                            fmt="{:.3f}", unit=" ms")
         speed_html += (f"<p>Speed-up (p50): <b>{speed['speedup_p50']:.2f}×</b> on {_esc(speed['device'])}, batch "
                        f"{speed['batch_size']}, {r['iterations']} runs after {r['warmup']} warm-up.</p>")

@@ -41,6 +41,8 @@ def validation_text(report: dict) -> str:
                      f"throughput {r['throughput_per_s']:.1f} / {c['throughput_per_s']:.1f} per s")
         if speed.get("note"):
             lines.append(f"  note: {speed['note']}")
+    if report.get("speed_skipped"):
+        lines.append(report["speed_skipped"])
     if report.get("size_ratio") is not None:
         lines.append(f"model size: {ref['bytes']} -> {conv['bytes']} bytes ({report['size_ratio']:.2f}x)")
     lines.append("result: " + ("PASS" if report["passed"] else "FAIL"))

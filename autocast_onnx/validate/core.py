@@ -124,10 +124,19 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         outputs.append(summary)
 
     speed = None
+    speed_skipped = None
     if options.speed:
         feeds = batches[0]
         conv_feeds = {name: feeds[name].astype(_np_type(conv_specs[name].elem_type)) for name in feeds}
-        real_conv = conv_sess if numerics == "plain" else runner.session(conv_model.SerializeToString(), device)
+        real_conv = conv_sess
+        if numerics != "plain":
+            try:
+                real_conv = runner.session(conv_model.SerializeToString(), device)
+            except AutocastError as exc:
+                # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
+                real_conv, speed_skipped = None, f"speed not measured: the converted model does not load on " \
+                                                 f"{device} as it is ({exc.what})"
+    if options.speed and real_conv is not None:
         ref_lat = runner.latency(ref_sess, feeds, device, options.iterations, options.warmup)
         conv_lat = runner.latency(real_conv, conv_feeds, device, options.iterations, options.warmup)
         batch = _batch_size(feeds)
@@ -159,6 +168,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "outputs": outputs,
         "passed": all(o["passed"] for o in outputs),
         "speed": speed,
+        "speed_skipped": speed_skipped,
         "precision_by_op": precision_by_op(conv_model),
     }
 

@@ -73,15 +73,20 @@ def _vocab(name, consumers, tables, depth=0):
 
 
 def parse_assignments(items, what: str, kind=int) -> dict:
+    """NAME=VALUE pairs with positive values (dimension sizes)."""
     out = {}
     for item in items:
-        if "=" not in item:
-            raise AutocastError(f"{what} needs NAME=VALUE, got {item!r}", f"--{what}", "e.g. batch=4")
-        key, value = item.split("=", 1)
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AutocastError(f"--{what} needs NAME=VALUE, got {item!r}", f"--{what}", "e.g. batch=4")
         try:
-            out[key.strip()] = kind(value)
+            number = kind(value)
         except ValueError:
-            raise AutocastError(f"bad value in {what} {item!r}", f"--{what}", "give a number") from None
+            raise AutocastError(f"bad value in --{what} {item!r}", f"--{what}", "give a whole number") from None
+        if number < 1:
+            raise AutocastError(f"--{what} {item!r}: sizes must be at least 1", f"--{what}", "e.g. batch=4")
+        out[key] = number
     return out
 
 
@@ -91,7 +96,11 @@ def parse_ranges(items) -> dict:
         m = re.fullmatch(r"\s*([^=]+?)\s*=\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*", item)
         if not m:
             raise AutocastError(f"--input-range needs NAME=LO:HI, got {item!r}", "--input-range", "e.g. input_ids=0:30522")
-        lo, hi = float(m.group(2)), float(m.group(3))
+        try:
+            lo, hi = float(m.group(2)), float(m.group(3))
+        except ValueError:
+            raise AutocastError(f"--input-range {item!r}: LO and HI must be numbers", "--input-range",
+                                "e.g. input_ids=0:30522") from None
         if not hi > lo:
             raise AutocastError(f"--input-range {item!r}: HI must be greater than LO", "--input-range", "swap them")
         out[m.group(1)] = (lo, hi)
@@ -106,6 +115,11 @@ def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict |
             if isinstance(d, str) and d not in dims:
                 dims[d] = DEFAULT_BATCH if BATCH_HINT.search(d) else DEFAULT_SEQ if SEQ_HINT.search(d) else DEFAULT_OTHER
                 plan.dim_defaults.append(d)
+    symbolic = {d for s in specs for d in s.dims if isinstance(d, str)}
+    stray = set(dims) - symbolic - set(plan.dim_defaults)
+    if stray:
+        raise AutocastError(f"--dim names no symbolic dimension of the inputs: {', '.join(sorted(stray))}", "--dim",
+                            "symbolic dimensions are: " + (", ".join(sorted(symbolic)) or "none"))
     unknown = set(plan.ranges) - {s.name for s in specs}
     if unknown:
         raise AutocastError(f"--input-range names unknown input(s): {', '.join(sorted(unknown))}", "--input-range",
