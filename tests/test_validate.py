@@ -15,7 +15,7 @@ from onnx import helper
 import autocast_onnx
 from autocast_onnx.errors import AutocastError
 from autocast_onnx.validate.core import ValidateOptions, validate
-from autocast_onnx.validate.inputs import attention_mask, describe_inputs, generate, plan_inputs
+from autocast_onnx.validate.inputs import DEFAULT_BATCH, attention_mask, describe_inputs, generate, plan_inputs
 from autocast_onnx.validate.metrics import OutputStats, Thresholds, verdict
 from helpers import F32, init, model, tensor
 from validate_helpers import DATA, MODELS, ROOT, cli, cli_proc
@@ -221,13 +221,13 @@ def test_generated_inputs_respect_dims_and_report_defaults(bert16):
     report = validate(BERT, bert16, ValidateOptions(speed=False, dims={"sequence": 8}))
     inputs = report["inputs"]
     assert inputs["source"] == "generated"
-    assert inputs["dims"] == {"sequence": 8, "batch": 2}
+    assert inputs["dims"] == {"sequence": 8, "batch": DEFAULT_BATCH}
     assert inputs["dim_defaults"] == ["batch"]
     assert {s["name"]: s["shape"] for s in inputs["specs"]} == {
-        "input_ids": [2, 8], "attention_mask": [2, 8], "token_type_ids": [2, 8]}
+        "input_ids": [DEFAULT_BATCH, 8], "attention_mask": [DEFAULT_BATCH, 8], "token_type_ids": [DEFAULT_BATCH, 8]}
     assert {s["dtype"] for s in inputs["specs"]} == {"int64"}
     assert {o["name"]: o["shape"] for o in report["outputs"]} == {
-        "last_hidden_state": [2, 8, 64], "pooler_output": [2, 64]}
+        "last_hidden_state": [DEFAULT_BATCH, 8, 64], "pooler_output": [DEFAULT_BATCH, 64]}
 
     report = validate(BERT, bert16, ValidateOptions(speed=False, dims={"batch": 3, "sequence": 5}))
     assert report["inputs"]["dim_defaults"] == []
@@ -237,7 +237,7 @@ def test_generated_inputs_respect_dims_and_report_defaults(bert16):
 def test_cli_prints_dims_and_defaults(bert16):
     r = cli("validate", BERT, bert16, "--no-speed", "--dim", "sequence=8")
     assert r.code == 0, r.stdout + r.stderr
-    assert "batch=2 (default)" in r.stdout and "sequence=8" in r.stdout
+    assert f"batch={DEFAULT_BATCH} (default)" in r.stdout and "sequence=8" in r.stdout
     assert "sequence=8 (default)" not in r.stdout
 
 
@@ -282,7 +282,7 @@ def test_input_range_for_ints_and_floats():
     assert np.all(feeds["attention_mask"] == 1)       # a range given for a mask replaces the pattern
     pix = generate(plan_inputs(describe_inputs(onnx.load(RESNET)), {}, {"pixel_values": (-3.0, -2.5)}))
     values = pix["pixel_values"]
-    assert values.dtype == np.float32 and values.shape == (2, 3, 32, 32)
+    assert values.dtype == np.float32 and values.shape == (DEFAULT_BATCH, 3, 32, 32)
     assert values.min() >= -3.0 and values.max() <= -2.5
 
 
@@ -560,7 +560,7 @@ def test_report_json(resnet16, tmp_path):
     assert report["thresholds"] == {"atol": None, "rtol": 0.01, "min_cosine": 0.999, "min_top1": 0.99}
     [out] = report["outputs"]
     assert out["name"] == "logits" and out["passed"] is True and out["failures"] == []
-    assert out["shape"] == [2, 10] and out["top1"] == 1.0
+    assert out["shape"] == [DEFAULT_BATCH, 10] and out["top1"] == 1.0
     assert f"{out['max_abs_error']:.3g}" in r.stdout
     # precision by op type, read from the converted model
     conv_ops = {}
@@ -574,7 +574,7 @@ def test_report_json(resnet16, tmp_path):
         assert speed[side]["iterations"] == 2 and speed[side]["warmup"] == 0
         assert 0 < speed[side]["min_ms"] <= speed[side]["p50_ms"] <= speed[side]["p90_ms"]
     assert speed["speedup_p50"] == pytest.approx(speed["reference"]["p50_ms"] / speed["converted"]["p50_ms"])
-    assert speed["batch_size"] == 2 and speed["device"] == "cpu"
+    assert speed["batch_size"] == DEFAULT_BATCH and speed["device"] == "cpu"
     assert "CPU" in speed["note"]
 
 
@@ -637,7 +637,7 @@ def test_report_html_without_speed_and_for_a_failure(resnet16, tmp_path):
 
 def test_text_speed_section(resnet16):
     r = cli("validate", RESNET, resnet16, *FAST)
-    assert re.search(r"speed \(cpu, batch 2, 2 runs after 0 warm-up\): reference p50 [0-9.]+ ms, "
+    assert re.search(rf"speed \(cpu, batch {DEFAULT_BATCH}, 2 runs after 0 warm-up\): reference p50 [0-9.]+ ms, "
                      r"converted p50 [0-9.]+ ms -> speed-up [0-9.]+x", r.stdout)
     assert re.search(r"p90 [0-9.]+ / [0-9.]+ ms, min [0-9.]+ / [0-9.]+ ms", r.stdout)
     assert "note: measured on CPU" in r.stdout

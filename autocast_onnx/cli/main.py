@@ -162,6 +162,11 @@ def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_
     def body():
         out = output or default_output_path(model, precision)
         options = _validate_options(validation)  # refuse bad validation flags before any work
+        if run_validate and not options.inputs:
+            from ..io import load_model as _load
+            from ..validate.inputs import describe_inputs as _describe, plan_inputs as _plan
+
+            _plan(_describe(_load(model).model), options.dims, options.ranges)  # names must exist
         convert_options = dict(precision=precision, rules=list(rules), keep_io_types=keep_io_types,
                                exclude_ops=list(exclude_op), exclude_nodes=list(exclude_node),
                                include_nodes=list(include_node))

@@ -87,14 +87,16 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     if options.inputs:
         batches = load_batches(options.inputs, specs)
         plan.source = str(options.inputs)
+        plan.dims, plan.dim_defaults = {}, []     # the arrays' own shapes apply (see inputs.specs)
     else:
         batches = [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
 
-    ref_sess = runner.session(ref_model.SerializeToString(), device)
+    # From the file when there is one: serializing a large parsed model again costs seconds.
+    ref_sess = runner.session(ref_path if ref_path else ref_model.SerializeToString(), device)
     if numerics == "emulate":
         conv_sess = runner.session(emulation_model(conv_model).SerializeToString(), "cpu", optimize=False)
     else:
-        conv_sess = runner.session(conv_model.SerializeToString(), device)
+        conv_sess = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
     ref_names = [o.name for o in ref_sess.get_outputs()]
     conv_names = [o.name for o in conv_sess.get_outputs()]
     if ref_names != conv_names:
@@ -131,7 +133,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         real_conv = conv_sess
         if numerics != "plain":
             try:
-                real_conv = runner.session(conv_model.SerializeToString(), device)
+                real_conv = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
             except AutocastError as exc:
                 # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
                 real_conv, speed_skipped = None, f"speed not measured: the converted model does not load on " \

@@ -16,7 +16,8 @@ from ..errors import AutocastError
 
 BATCH_HINT = re.compile(r"batch|^n$|^b$", re.I)
 SEQ_HINT = re.compile(r"seq|len|token|position|time|step", re.I)
-DEFAULT_BATCH, DEFAULT_SEQ, DEFAULT_OTHER = 2, 16, 8
+# Batch 3 so that generated attention masks hold a full, a padded and a fully masked row.
+DEFAULT_BATCH, DEFAULT_SEQ, DEFAULT_OTHER = 3, 16, 8
 
 
 @dataclass

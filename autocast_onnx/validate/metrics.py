@@ -39,6 +39,7 @@ class OutputStats:
     ref_nonfinite: int = 0
     class_scores: bool | None = None   # None: decide from the output's name
     rows: int = 0
+    k: int = 0
     top1_agree: int = 0
     topk_overlap: float = 0.0
 
@@ -73,6 +74,7 @@ class OutputStats:
             self.rows += rr.shape[0]
             self.top1_agree += int((rr.argmax(-1) == oo.argmax(-1)).sum())
             k = min(TOPK, rr.shape[-1])
+            self.k = k
             top_r = np.argpartition(-rr, k - 1, axis=-1)[:, :k]
             top_o = np.argpartition(-oo, k - 1, axis=-1)[:, :k]
             self.topk_overlap += sum(len(set(a) & set(b)) / k for a, b in zip(top_r, top_o))
@@ -93,7 +95,7 @@ class OutputStats:
         if self.class_scores and self.rows:
             out["top1"] = self.top1_agree / self.rows
             out["topk"] = self.topk_overlap / self.rows
-            out["k"] = TOPK
+            out["k"] = self.k
         return out
 
 

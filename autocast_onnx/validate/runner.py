@@ -36,7 +36,8 @@ def resolve_device(requested: str) -> tuple[str, str | None]:
     return "cpu", "no CUDA execution provider available: ran on CPU"
 
 
-def session(model_bytes: bytes, device: str, optimize: bool = True):
+def session(model_bytes: bytes | str, device: str, optimize: bool = True):
+    """An inference session for serialized model bytes or a model path."""
     rt = ort()
     options = rt.SessionOptions()
     options.log_severity_level = 3
