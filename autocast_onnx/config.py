@@ -1,5 +1,12 @@
-"""Settings from `[tool.autocast-onnx]` in pyproject.toml, found in the current folder or the
-nearest parent that has one, as other Python tools do. Command-line flags override them."""
+"""Settings from a configuration file, discovered as ruff and other Python tools do: starting in
+the current folder and going up, the first folder with an `autocast-onnx.toml` (whose top-level
+keys are the settings) or a `pyproject.toml` that has a `[tool.autocast-onnx]` table wins; in one
+folder `autocast-onnx.toml` comes first. `--config FILE` names one directly. Command-line flags
+override the file.
+
+Keys (hyphens or underscores): atol, rtol, min-cosine, min-top1 (validate thresholds);
+select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
+configuration file)."""
 
 from __future__ import annotations
 
@@ -11,41 +18,77 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .diagnostics import SEVERITIES
 from .errors import AutocastError
 
-VALIDATE_KEYS = {"atol": float, "rtol": float, "min_cosine": float, "min_top1": float}
+VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
+LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
+ALL_KEYS = VALIDATE_KEYS + LINT_KEYS + ("rules",)
 
 
-def find_pyproject(start: Path | None = None) -> Path | None:
+def find_config(start: Path | None = None) -> tuple[Path, bool] | None:
+    """(file, is_pyproject) of the configuration in force, or None."""
     here = (start or Path.cwd()).resolve()
     for folder in [here, *here.parents]:
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
+        own = folder / "autocast-onnx.toml"
+        if own.is_file():
+            return own, False
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file():
+            try:
+                data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise AutocastError(f"invalid TOML: {exc}", str(pyproject), "fix the file") from None
+            if "autocast-onnx" in data.get("tool", {}):
+                return pyproject, True
     return None
 
 
-def load_settings(start: Path | None = None) -> tuple[dict, str | None]:
-    """(settings, file they came from). Keys use underscores; hyphens are accepted."""
-    path = find_pyproject(start)
-    if path is None:
+def load_settings(start: Path | None = None, config: Path | None = None) -> tuple[dict, str | None]:
+    """(settings, the file they came from). Keys are normalized to underscores."""
+    if config is not None:
+        config = Path(config)
+        if not config.is_file():
+            raise AutocastError("config file not found", str(config), "check the --config path")
+        found = (config, config.name == "pyproject.toml")
+    else:
+        found = find_config(start)
+    if found is None:
         return {}, None
+    path, is_pyproject = found
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise AutocastError(f"invalid TOML: {exc}", str(path), "fix the file") from None
-    section = data.get("tool", {}).get("autocast-onnx", {})
+    section = data.get("tool", {}).get("autocast-onnx", {}) if is_pyproject else data
+    where = f"{path} [tool.autocast-onnx]" if is_pyproject else str(path)
     if not isinstance(section, dict):
         raise AutocastError("[tool.autocast-onnx] must be a table", str(path), "fix the section")
     settings = {}
     for key, value in section.items():
         norm = key.replace("-", "_")
+        if norm not in ALL_KEYS:
+            raise AutocastError(f"unknown key '{key}'", where,
+                                "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS))
         if norm in VALIDATE_KEYS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise AutocastError(f"[tool.autocast-onnx] {key} must be a number, not {value!r}", str(path),
+                raise AutocastError(f"{key} must be a number, not {value!r}", where, "fix the value")
+            value = float(value)
+        elif norm in ("select", "ignore", "rules"):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise AutocastError(f"{key} must be a list of strings", where, 'e.g. ["AC1", "AC203"]')
+            if norm == "rules":
+                value = [str((path.parent / v)) for v in value]
+        elif norm == "fail_on":
+            if value not in SEVERITIES:
+                raise AutocastError(f"fail-on must be one of {', '.join(SEVERITIES)}, not {value!r}", where,
                                     "fix the value")
-            settings[norm] = float(value)
-        else:
-            raise AutocastError(f"unknown key '{key}' in [tool.autocast-onnx]", str(path),
-                                "allowed: " + ", ".join(k.replace("_", "-") for k in VALIDATE_KEYS))
+        elif norm == "suppress":
+            if not isinstance(value, list) or not all(
+                    isinstance(v, dict) and set(v) <= {"code", "node"} and isinstance(v.get("code"), str)
+                    and isinstance(v.get("node", ".*"), str) for v in value):
+                raise AutocastError("suppress must be a list of { code = \"AC...\", node = \"regex\" } tables", where,
+                                    "fix the entries")
+        settings[norm] = value
+    settings["_source"] = where
     return settings, str(path)

@@ -1,0 +1,364 @@
+"""Stage: lint checks. The implementations behind the `kind` of each check in rules/lint.toml.
+Each takes the lint context and its Check (code, severity, parameters) and yields Diagnostics.
+They only read the model.
+
+A model with fp16/bf16 tensors is linted as it is ("actual"). A pure fp32 model is linted
+"prospectively": every float node is taken as if a naive converter had made it low precision,
+and each finding says whether autocast-onnx's default rules would keep that node fp32
+(`protected`; such findings are reported as info)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..diagnostics import Diagnostic
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
+from ..graph import build_index
+from ..plan.classify import constant_array
+
+LOW = (FLOAT16, BFLOAT16)
+MOVE_OPS = {"Cast", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Where", "Mul", "Sub", "Add", "Identity",
+            "Concat", "Tile", "Slice", "Transpose"}
+
+
+class LintContext:
+    def __init__(self, model: onnx.ModelProto, path: str | None, precision: str | None = None, rules=(),
+                 base_dir=None):
+        self.model = model
+        self.path = path
+        self.index = build_index(model, path or "<model>", base_dir)
+        found = {v.dtype for s in self.index.scopes for v in s.values.values() if v.dtype in LOW}
+        self.mode = "actual" if found else "prospective"
+        if precision:
+            self.low = FLOAT16 if precision == "fp16" else BFLOAT16
+        else:
+            self.low = BFLOAT16 if found == {BFLOAT16} else FLOAT16
+        self.rules = list(rules)
+        self._plan = None
+        self._patterns = None
+
+    # ---- node facts ----------------------------------------------------------------------
+    @staticmethod
+    def compute_type(node):
+        for value in list(node.outputs) + list(node.inputs):
+            if value is not None and value.dtype in MIXABLE:
+                return value.dtype
+        return None
+
+    def is_low(self, node) -> bool:
+        t = self.compute_type(node)
+        if self.mode == "actual":
+            return t in LOW
+        return t is not None
+
+    def protected(self, node) -> bool | None:
+        if self.mode == "actual":
+            return None
+        if self._plan is None:
+            from ..pipeline import convert
+
+            precision = "fp16" if self.low == FLOAT16 else "bf16"
+            try:
+                self._plan = convert(self.model, precision=precision, rules=self.rules, check="none").plan.precisions
+            except Exception:  # the plan is advisory here; lint must not fail on it
+                self._plan = []
+        if node.id >= len(self._plan):
+            return None
+        return self._plan[node.id] in ("fp32", "unchanged")
+
+    def diag(self, check, node, message, value=None, tensor=None) -> Diagnostic:
+        protected = self.protected(node) if node is not None else None
+        severity = check.severity
+        if protected:
+            severity = "info"
+            message += "; the default conversion rules keep this fp32"
+        elif self.mode == "prospective" and protected is False:
+            message += "; the default conversion rules would NOT protect this"
+        return Diagnostic(code=check.code, name=check.name, severity=severity, message=message, fix=check.fix,
+                          node=node.label if node is not None else None, op_type=node.op if node is not None else None,
+                          graph=node.scope.path if node is not None else "main",
+                          node_index=node.pos if node is not None else None, model=self.path, value=value,
+                          protected=protected, tensor=tensor)
+
+    @property
+    def tname(self) -> str:
+        return dtype_name(self.low)
+
+    def where(self) -> str:
+        return "computed in" if self.mode == "actual" else "would be computed in"
+
+    # ---- patterns ------------------------------------------------------------------------
+    def layernorm_patterns(self) -> list[dict]:
+        """Decomposed LayerNorms: ReduceMean -> Sub -> Pow/Mul -> ReduceMean -> Add(eps) -> Sqrt -> Div."""
+        if self._patterns is not None:
+            return self._patterns
+        found = []
+        for node in self.index.nodes:
+            if node.op != "ReduceMean" or not node.outputs or node.outputs[0] is None:
+                continue
+            mean = node.outputs[0]
+            for sub, port in mean.consumers:
+                if sub.op != "Sub" or port != 1 or sub.outputs[0] is None:
+                    continue
+                centered = sub.outputs[0]
+                for sq, _ in centered.consumers:
+                    if sq.op not in ("Pow", "Mul") or sq.outputs[0] is None:
+                        continue
+                    var_nodes = [c for c, _ in sq.outputs[0].consumers if c.op == "ReduceMean"]
+                    for var in var_nodes:
+                        adds = [c for c, _ in var.outputs[0].consumers if c.op == "Add"]
+                        for add in adds:
+                            sqrts = [c for c, _ in add.outputs[0].consumers if c.op == "Sqrt"]
+                            for sqrt in sqrts:
+                                divs = [c for c, _ in sqrt.outputs[0].consumers if c.op == "Div"]
+                                if divs:
+                                    eps = next((v for v in add.inputs if v is not None and v is not var.outputs[0]), None)
+                                    found.append({"nodes": [node, sub, sq, var, add, sqrt, divs[0]], "add": add,
+                                                  "eps": eps})
+        self._patterns = found
+        return found
+
+
+def _key(node) -> str:
+    return node.op if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op}"
+
+
+def op_family(ctx: LintContext, check):
+    ops = set(check.params.get("ops", ()))
+    flagged = set()
+    for node in ctx.index.nodes:
+        if _key(node) in ops and ctx.is_low(node):
+            flagged.add(node.id)
+            yield ctx.diag(check, node, f"{node.op} {ctx.where()} {ctx.tname}")
+    if "decomposed-layernorm" in check.params.get("patterns", ()):
+        for pattern in ctx.layernorm_patterns():
+            for node in pattern["nodes"]:
+                if node.id not in flagged and ctx.is_low(node):
+                    flagged.add(node.id)
+                    yield ctx.diag(check, node, f"{node.op} is part of a decomposed LayerNorm (ReduceMean/Sub/Pow/"
+                                   f"ReduceMean/Add/Sqrt/Div) {ctx.where()} {ctx.tname}")
+
+
+def _constants(ctx):
+    for scope in ctx.index.scopes:
+        for value in scope.values.values():
+            if value.dtype not in MIXABLE:
+                continue
+            if value.kind == "initializer" or (value.producer is not None and value.producer.op == "Constant"):
+                yield value
+
+
+def _low_consumers(ctx, value, through=False, depth=3):
+    """Nodes that consume `value` in low precision (optionally through data-movement ops)."""
+    out, stack, seen = [], [(value, 0)], set()
+    while stack:
+        v, d = stack.pop()
+        for node, _ in v.consumers:
+            if node.id in seen:
+                continue
+            seen.add(node.id)
+            if node.op == "Cast" and ctx.mode == "actual":
+                to = node.outputs[0].dtype if node.outputs and node.outputs[0] is not None else None
+                if to in LOW:
+                    out.append(node)
+                    continue
+            if ctx.is_low(node) and not (node.op == "Cast" and ctx.mode == "actual"):
+                out.append(node)
+            if through and d < depth and node.op in MOVE_OPS:
+                for o in node.outputs:
+                    if o is not None:
+                        stack.append((o, d + 1))
+    return out
+
+
+def constant_range(ctx, check):
+    limit = LIMITS[ctx.low][0]
+    for value in _constants(ctx):
+        data = constant_array(value)
+        if data is None or data.size == 0:
+            continue
+        data = np.asarray(data, dtype=np.float32)
+        if value.dtype in LOW:
+            if ctx.low == FLOAT16 and np.isinf(data).any():
+                users = value.consumers
+                node = users[0][0] if users else None
+                yield ctx.diag(check, node, f"{dtype_name(value.dtype)} constant '{value.name}' holds "
+                               f"{int(np.isinf(data).sum())} inf value(s): it overflowed when it was converted",
+                               tensor=value.name)
+            continue
+        finite = data[np.isfinite(data)]
+        over = np.abs(finite) >= (65520.0 if ctx.low == FLOAT16 else limit)
+        if not over.any():
+            continue
+        users = _low_consumers(ctx, value)
+        if users:
+            biggest = float(np.abs(finite).max())
+            yield ctx.diag(check, users[0], f"constant '{value.name}' holds {int(over.sum())} value(s) beyond the "
+                           f"{ctx.tname} range (largest |x| = {biggest:.4g}) and feeds {users[0].op} "
+                           f"{ctx.where()} {ctx.tname}", value=biggest, tensor=value.name)
+
+
+def weights_flush(ctx, check):
+    minimum = float(check.params.get("min_fraction", 0.0))
+    tiny = LIMITS[ctx.low][1]
+    for value in _constants(ctx):
+        if value.dtype != FLOAT:
+            continue
+        data = constant_array(value)
+        if data is None or data.size < 2:
+            continue
+        mag = np.abs(np.asarray(data, dtype=np.float32))
+        nonzero = int(np.count_nonzero(mag))
+        flush = int(np.count_nonzero((mag > 0) & (mag < tiny / 2)))
+        if not nonzero or not flush or flush / nonzero <= minimum:
+            continue
+        users = _low_consumers(ctx, value)
+        if users:
+            fraction = flush / nonzero
+            yield ctx.diag(check, users[0], f"{flush} of {nonzero} nonzero values ({fraction:.3%}) of '{value.name}' "
+                           f"flush to zero in {ctx.tname}", value=fraction, tensor=value.name)
+
+
+def masking_constant(ctx, check):
+    threshold = float(check.params.get("threshold", -65504.0))
+    for value in _constants(ctx):
+        data = constant_array(value)
+        if data is None or data.size == 0:
+            continue
+        data = np.asarray(data, dtype=np.float32)
+        lowest = float(data.min())
+        if not (lowest <= threshold):
+            continue
+        users = _low_consumers(ctx, value, through=True)
+        if users:
+            yield ctx.diag(check, users[0], f"masking constant '{value.name}' ({lowest:.4g}) reaches {users[0].op} "
+                           f"{ctx.where()} {ctx.tname}, where it is -inf: summed masks or a fully masked row give NaN",
+                           value=lowest, tensor=value.name)
+
+
+EPSILON_OPS = {"LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
+               "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+               "SkipSimplifiedLayerNormalization"}
+
+
+def epsilon_flush(ctx, check):
+    tiny = LIMITS[ctx.low][1] / 2
+    for node in ctx.index.nodes:
+        if node.op in EPSILON_OPS and ctx.is_low(node):
+            eps = next((a.f for a in node.proto.attribute if a.name == "epsilon"), None)
+            if eps is not None and 0 < eps < tiny:
+                yield ctx.diag(check, node, f"{node.op} epsilon {eps:g} is 0 in {ctx.tname}", value=eps)
+    for pattern in ctx.layernorm_patterns():
+        add, eps = pattern["add"], pattern["eps"]
+        if eps is None or not ctx.is_low(add):
+            continue
+        data = constant_array(eps)
+        if data is None:
+            continue
+        data = np.abs(np.asarray(data, dtype=np.float32))
+        if data.size and 0 < data.max() < tiny:
+            yield ctx.diag(check, add, f"epsilon {float(data.max()):g} of a decomposed LayerNorm is 0 in {ctx.tname}",
+                           value=float(data.max()), tensor=eps.name)
+
+
+def lossy_round_trip(ctx, check):
+    for node in ctx.index.nodes:
+        if node.op != "Cast" or not node.inputs or node.inputs[0] is None or node.outputs[0] is None:
+            continue
+        if node.inputs[0].dtype != FLOAT or node.outputs[0].dtype not in LOW:
+            continue
+        users = node.outputs[0].consumers
+        if users and not node.outputs[0].graph_outputs and all(
+                u.op == "Cast" and u.outputs[0] is not None and u.outputs[0].dtype == FLOAT for u, _ in users):
+            yield Diagnostic(code=check.code, name=check.name, severity=check.severity,
+                             message=f"'{node.inputs[0].name}' is cast to {dtype_name(node.outputs[0].dtype)} and "
+                                     f"straight back to fp32 by {users[0][0].label}", fix=check.fix, node=node.label,
+                             op_type=node.op, graph=node.scope.path, node_index=node.pos, model=ctx.path,
+                             tensor=node.inputs[0].name)
+
+
+def low_output(ctx, check):
+    for k, value in enumerate(ctx.index.main.outputs):
+        if value.dtype in LOW:
+            node = value.producer
+            yield Diagnostic(code=check.code, name=check.name, severity=check.severity,
+                             message=f"model output '{value.name}' is {dtype_name(value.dtype)}", fix=check.fix,
+                             node=node.label if node else None, op_type=node.op if node else None, graph="main",
+                             node_index=node.pos if node else None, model=ctx.path, tensor=value.name)
+
+
+def unknown_type(ctx, check):
+    for node in ctx.index.nodes:
+        for value in node.outputs:
+            if value is not None and value.dtype is None and value.consumers:
+                yield Diagnostic(code=check.code, name=check.name, severity=check.severity,
+                                 message=f"the type of '{value.name}' (output of {node.op}) is unknown",
+                                 fix=check.fix, node=node.label, op_type=node.op, graph=node.scope.path,
+                                 node_index=node.pos, model=ctx.path, tensor=value.name)
+
+
+def _weight_dims(node):
+    """(K, N or output channels, extra) for MatMul/Gemm/Conv when the weight is an initializer."""
+    if node.op not in ("MatMul", "Gemm", "Conv") or len(node.inputs) < 2 or node.inputs[1] is None:
+        return None
+    weight = node.inputs[1]
+    if weight.initializer is None:
+        return None
+    dims = list(weight.initializer.dims)
+    if node.op == "MatMul" and len(dims) >= 2:
+        return {"K": dims[-2], "N": dims[-1]}, dims[-2]
+    if node.op == "Gemm" and len(dims) == 2:
+        trans = next((a.i for a in node.proto.attribute if a.name == "transB"), 0)
+        n, k = (dims[0], dims[1]) if trans else (dims[1], dims[0])
+        return {"K": k, "N": n}, k
+    if node.op == "Conv" and len(dims) >= 3:
+        group = next((a.i for a in node.proto.attribute if a.name == "group"), 1)
+        depth = int(np.prod(dims[1:]))
+        return {"C_out": dims[0], "C_in": dims[1] * group}, depth
+    return None
+
+
+def alignment(ctx, check):
+    multiple = int(check.params.get("multiple", 8))
+    for node in ctx.index.nodes:
+        if not ctx.is_low(node):
+            continue
+        found = _weight_dims(node)
+        if not found:
+            continue
+        dims, _ = found
+        bad = {k: v for k, v in dims.items() if v % multiple}
+        if bad:
+            text = ", ".join(f"{k}={v}" for k, v in bad.items())
+            yield ctx.diag(check, node, f"{node.op} {text} not a multiple of {multiple}")
+
+
+def reduction_depth(ctx, check):
+    limit = int(check.params.get("max_depth", 8192))
+    for node in ctx.index.nodes:
+        if not ctx.is_low(node):
+            continue
+        found = _weight_dims(node)
+        if found and found[1] > limit:
+            yield ctx.diag(check, node, f"{node.op} sums {found[1]} products per output (limit {limit})",
+                           value=float(found[1]))
+
+
+def unused_suppression(ctx, check):
+    return iter(())  # reported by the engine, which knows the suppressions
+
+
+KINDS = {
+    "op-family": op_family,
+    "constant-range": constant_range,
+    "weights-flush": weights_flush,
+    "masking-constant": masking_constant,
+    "epsilon-flush": epsilon_flush,
+    "lossy-round-trip": lossy_round_trip,
+    "low-output": low_output,
+    "unknown-type": unknown_type,
+    "alignment": alignment,
+    "reduction-depth": reduction_depth,
+    "unused-suppression": unused_suppression,
+}

@@ -1,0 +1,122 @@
+"""Stage: lint. Runs the selected checks over a model, applies suppressions (by node-name
+regex from the configuration, and by node metadata), reports unused suppressions, and returns
+the diagnostics sorted by code and position."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ..diagnostics import Diagnostic, at_least
+from ..errors import AutocastError
+from ..io import load_model
+from .catalog import load_checks
+from .checks import KINDS, LintContext
+
+METADATA_KEY = "autocast-onnx:ignore"
+
+
+@dataclass
+class Suppression:
+    code: str                # code or prefix ("AC1", "AC101", "all")
+    node: str                # regex on node names
+    source: str              # where it was declared
+    used: int = 0
+
+    def matches(self, diag: Diagnostic) -> bool:
+        if not _code_matches(diag.code, diag.name, self.code):
+            return False
+        return diag.node is not None and re.search(self.node, diag.node) is not None
+
+
+@dataclass
+class LintOptions:
+    select: list = field(default_factory=lambda: ["AC"])
+    ignore: list = field(default_factory=list)
+    fail_on: str = "error"
+    precision: str | None = None          # for fp32 models: which low type to assume (default fp16)
+    suppress: list = field(default_factory=list)   # Suppression entries from the configuration
+    rules: list = field(default_factory=list)      # conversion rule files (decide "protected")
+
+
+@dataclass
+class LintResult:
+    model: str | None
+    mode: str                  # "actual" or "prospective"
+    precision: str
+    diagnostics: list
+    checks: list               # codes that ran
+    suppressed: int = 0
+
+    def failed(self, fail_on: str) -> bool:
+        return any(at_least(d.severity, fail_on) for d in self.diagnostics)
+
+
+def _code_matches(code: str, name: str, selector: str) -> bool:
+    return selector in ("all", "ALL") or code.startswith(selector) or name == selector
+
+
+def selected(checks, select, ignore):
+    for selector in list(select) + list(ignore):
+        if not any(_code_matches(c.code, c.name, selector) for c in checks):
+            raise AutocastError(f"'{selector}' selects no check", "--select/--ignore",
+                                "see `autocast-onnx rules` for the codes")
+    return [c for c in checks if any(_code_matches(c.code, c.name, s) for s in select)
+            and not any(_code_matches(c.code, c.name, s) for s in ignore)]
+
+
+def _metadata_suppressions(ctx) -> list:
+    found = []
+    for node in ctx.index.nodes:
+        for prop in node.proto.metadata_props:
+            if prop.key == METADATA_KEY:
+                for code in [c.strip() for c in prop.value.split(",") if c.strip()]:
+                    found.append(Suppression(code=code, node=f"^{re.escape(node.label)}$",
+                                             source=f"metadata of node {node.label}"))
+    return found
+
+
+def lint(model, options: LintOptions | None = None) -> LintResult:
+    """Lint a model (path or ModelProto)."""
+    options = options or LintOptions()
+    if isinstance(model, onnx.ModelProto):
+        proto, path, base = model, None, None
+    else:
+        loaded = load_model(model)
+        proto, path, base = loaded.model, str(model), Path(model).parent
+    ctx = LintContext(proto, path, options.precision, options.rules, base)
+    checks = selected(load_checks(), options.select, options.ignore)
+    for s in options.suppress:
+        try:
+            re.compile(s.node)
+        except re.error as exc:
+            raise AutocastError(f"bad regex {s.node!r} in a suppression: {exc}", s.source, "fix the pattern") from None
+    suppressions = list(options.suppress) + _metadata_suppressions(ctx)
+    diagnostics = []
+    suppressed = 0
+    for check in checks:
+        for diag in KINDS[check.kind](ctx, check):
+            hit = next((s for s in suppressions if s.matches(diag)), None)
+            if hit is not None:
+                hit.used += 1
+                suppressed += 1
+                continue
+            diagnostics.append(diag)
+    unused_check = next((c for c in checks if c.kind == "unused-suppression"), None)
+    if unused_check is not None:
+        for s in suppressions:
+            if not s.used:
+                diagnostics.append(Diagnostic(code=unused_check.code, name=unused_check.name,
+                                              severity=unused_check.severity,
+                                              message=f"suppression of {s.code} for nodes matching {s.node!r} "
+                                                      f"({s.source}) matched no finding",
+                                              fix=unused_check.fix, model=path))
+    order = {c.code: k for k, c in enumerate(load_checks())}
+    diagnostics.sort(key=lambda d: (order.get(d.code, 999), d.graph, d.node_index if d.node_index is not None else -1,
+                                    d.tensor or ""))
+    precision = "fp16" if ctx.low == 10 else "bf16"
+    return LintResult(model=path, mode=ctx.mode, precision=precision, diagnostics=diagnostics,
+                      checks=[c.code for c in checks], suppressed=suppressed)
