@@ -64,13 +64,14 @@ def validation_options(f):
     return f
 
 
-def _validate_options(kw):
+def _validate_options(kw, settings=None):
     from ..config import load_settings
     from ..validate.core import ValidateOptions
     from ..validate.inputs import parse_assignments, parse_ranges
     from ..validate.metrics import Thresholds
 
-    settings, _ = load_settings()
+    if settings is None:
+        settings, _ = load_settings()
     thresholds = Thresholds()
     for key in ("atol", "rtol", "min_cosine", "min_top1"):
         value = kw.get(key)
@@ -224,6 +225,221 @@ def validate(reference, converted, quiet, **kw) -> None:
 
     Exit codes: 0 every output passes, 1 a threshold failed, 2 usage or input error."""
     passed = run_guarded(_run_validation, reference, converted, kw, quiet)
+    sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+def _lint_options(settings, select, ignore, fail_on, precision, rules):
+    from ..lint.engine import LintOptions, Suppression
+
+    suppress = [Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
+                for e in settings.get("suppress", [])]
+    return LintOptions(select=list(select) or settings.get("select", ["AC"]),
+                       ignore=list(ignore) or settings.get("ignore", []),
+                       fail_on=fail_on or settings.get("fail_on", "error"), precision=precision,
+                       suppress=suppress, rules=list(rules) or settings.get("rules", []))
+
+
+def _write_or_echo(text: str, output) -> None:
+    from ..io import write_text_atomic
+
+    if output is None or str(output) == "-":
+        click.echo(text)
+    else:
+        write_text_atomic(Path(output), text + "\n")
+
+
+@cli.command()
+@click.argument("models", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report here instead of stdout.")
+@click.option("--select", multiple=True, help="Check codes, prefixes or names to run (repeatable; default all).")
+@click.option("--ignore", multiple=True, help="Check codes, prefixes or names to skip (repeatable).")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest severity that fails [error].")
+@click.option("--precision", type=click.Choice(["fp16", "bf16"]), help="For fp32 models: the low type to check against [fp16].")
+@click.option("--rules", multiple=True, type=click.Path(path_type=Path), help="Conversion rule files (decide what the rules protect).")
+@click.option("--config", type=click.Path(path_type=Path), help="Configuration file (default: discovered).")
+def lint(models, fmt, output, select, ignore, fail_on, precision, rules, config) -> None:
+    """Find numerically unsafe low-precision ops in MODELS (converted, or fp32 as if converted).
+
+    Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 usage or input error."""
+    from ..config import load_settings
+    from ..lint import lint as run_lint
+    from ..report.lint import lint_json, lint_text, sarif_json
+
+    def body():
+        settings, _ = load_settings(config=config)
+        options = _lint_options(settings, select, ignore, fail_on, precision, rules)
+        results = [run_lint(m, options) for m in models]
+        if fmt == "json":
+            text = lint_json(results)
+        elif fmt == "sarif":
+            text = sarif_json([d for r in results for d in r.diagnostics])
+        else:
+            text = lint_text(results)
+        _write_or_echo(text, output)
+        return any(r.failed(options.fail_on) for r in results)
+
+    failed = run_guarded(body)
+    sys.exit(EXIT_FAIL if failed else EXIT_OK)
+
+
+@cli.command("rules")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+def rules_cmd(fmt) -> None:
+    """List the lint checks: code, name, severity, summary (markdown: the docs/rules.md page)."""
+    import json as _json
+
+    from ..lint.catalog import load_checks
+    from ..report.lint import rules_markdown, rules_text
+
+    def body():
+        if fmt == "markdown":
+            click.echo(rules_markdown(), nl=False)
+        elif fmt == "json":
+            click.echo(_json.dumps([{"code": c.code, "name": c.name, "severity": c.severity, "summary": c.summary,
+                                     "why": " ".join(c.why.split()), "fix": c.fix, "kind": c.kind}
+                                    for c in load_checks()], indent=1))
+        else:
+            click.echo(rules_text())
+
+    run_guarded(body)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("node")
+@click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+@click.option("--rules", multiple=True, type=click.Path(path_type=Path), help="Extra rule files, as for convert.")
+@click.option("--exclude-op", multiple=True)
+@click.option("--exclude-node", multiple=True)
+@click.option("--include-node", multiple=True)
+@click.option("--calibration-data", type=click.Path(path_type=Path), help="Measure tensor ranges on this data first.")
+def explain(model, node, precision, rules, exclude_op, exclude_node, include_node, calibration_data) -> None:
+    """Say which precision NODE of MODEL gets and why: the rules that fired (file:line) and
+    measured values. NODE is a node name, or #ID for the plan's node id."""
+    from ..io import load_model
+    from ..pipeline import convert
+
+    def body():
+        source = load_model(model).model
+        ranges = None
+        if calibration_data is not None:
+            from ..validate import runner
+            from ..validate.calibrate import calibrate
+            from ..validate.inputs import describe_inputs, load_batches
+
+            device, _ = runner.resolve_device("auto")
+            ranges = calibrate(source, load_batches(calibration_data, describe_inputs(source)), device)
+        result = convert(source, precision=precision, rules=list(rules), exclude_ops=list(exclude_op),
+                         exclude_nodes=list(exclude_node), include_nodes=list(include_node), check="none",
+                         copy=False, calibration=ranges)
+        entries = result.plan.by_name(node)
+        if not entries and node.startswith("#") and node[1:].isdigit():
+            entries = [e for e in result.plan.nodes if e.id == int(node[1:])]
+        if not entries:
+            import difflib
+
+            names = [e.name for e in result.plan.nodes if e.name]
+            close = difflib.get_close_matches(node, names, n=3, cutoff=0.5)
+            raise AutocastError(f"no node named {node!r}", str(model),
+                                ("did you mean " + ", ".join(repr(c) for c in close) + "?") if close
+                                else "use a node name or #ID (see --plan-out of convert)")
+        for entry in entries:
+            graph = "" if entry.graph == "main" else f" in {entry.graph}"
+            click.echo(f"{entry.label} ({entry.domain + ':' if entry.domain else ''}{entry.op_type}){graph}, node #{entry.id}")
+            click.echo(f"  category: {entry.category}")
+            click.echo(f"  precision: {entry.precision}")
+            if entry.fp32_inputs or entry.fp32_outputs:
+                click.echo(f"  pinned fp32 ports: inputs {entry.fp32_inputs}, outputs {entry.fp32_outputs}")
+            click.echo("  because:")
+            for reason in entry.reasons:
+                value = "" if reason.value is None else f" (measured {reason.value:.4g})"
+                click.echo(f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else ""))
+
+    run_guarded(body)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Keep the converted model here (default: a temporary file).")
+@click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+@click.option("--rules", multiple=True, type=click.Path(path_type=Path), help="Extra conversion rule files.")
+@click.option("--select", multiple=True, help="Lint checks to run (codes, prefixes, names).")
+@click.option("--ignore", multiple=True, help="Lint checks to skip.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest lint severity that fails [error].")
+@click.option("--baseline", type=click.Path(path_type=Path), help="A previous --report-json: fail only on new findings or regressions.")
+@click.option("--sarif", type=click.Path(path_type=Path), help="Write the lint findings as SARIF 2.1.0.")
+@click.option("--config", type=click.Path(path_type=Path), help="Configuration file (default: discovered).")
+@click.option("--no-validate", "skip_validate", is_flag=True, help="Skip the accuracy/speed validation.")
+@validation_options
+def check(model, output, precision, rules, select, ignore, fail_on, baseline, sarif, config, skip_validate,
+          **validation) -> None:
+    """The CI gate: lint MODEL, convert it, lint the result, validate it; one summary, one exit code.
+
+    Exit codes: 0 pass, 1 findings at or above --fail-on or a failed threshold (with --baseline: only
+    new findings and regressions), 2 usage or input error."""
+    import json as _json
+    import tempfile
+
+    from ..config import load_settings
+    from ..io import write_text_atomic
+    from ..lint import lint as run_lint
+    from ..pipeline import convert_file
+    from ..report.checkgate import check_summary, compare_baseline
+    from ..report.lint import lint_dict, sarif_json
+
+    def body():
+        settings, source = load_settings(config=config)
+        options = _lint_options(settings, select, ignore, fail_on, None, rules)
+        options.precision = precision
+        validation.setdefault("report_json", None)
+        report_json = validation.pop("report_json")
+        report_html = validation.pop("report_html")
+        vopts = _validate_options(validation, settings)
+        prior = None
+        if baseline is not None:
+            try:
+                prior = _json.loads(Path(baseline).read_text())
+                prior["lint_converted"]["diagnostics"]
+            except (OSError, ValueError, KeyError, TypeError):
+                raise AutocastError("not a check report (--report-json of autocast-onnx check)", str(baseline),
+                                    "write one with --report-json") from None
+        with tempfile.TemporaryDirectory() as tmp:
+            out = output or Path(tmp) / f"{Path(model).stem}.{precision}.onnx"
+            before = run_lint(model, options)
+            converted = convert_file(model, out, precision=precision, rules=options.rules)
+            after = run_lint(out, options)
+            validation_report = None
+            if not skip_validate:
+                from ..validate.core import validate
+
+                validation_report = validate(model, out, vopts, progress=_progress)
+        report = {
+            "schema_version": 1,
+            "model": str(model),
+            "converted": str(output) if output else None,
+            "config": source,
+            "fail_on": options.fail_on,
+            "lint_original": lint_dict([before]),
+            "conversion": {"precision": precision, "counts": converted.plan.counts(),
+                           "casts_added": converted.stats.casts_added,
+                           "warnings": [w.message for w in converted.plan.warnings]},
+            "lint_converted": lint_dict([after]),
+            "validation": validation_report,
+        }
+        report["gate"] = compare_baseline(report, prior, after, options.fail_on)
+        click.echo(check_summary(report))
+        if report_json is not None:
+            write_text_atomic(Path(report_json), _json.dumps(report, indent=1, default=float) + "\n")
+        if report_html is not None and validation_report is not None:
+            from ..report.html import validation_html
+
+            write_text_atomic(Path(report_html), validation_html(validation_report))
+        if sarif is not None:
+            write_text_atomic(Path(sarif), sarif_json(after.diagnostics) + "\n")
+        return report["gate"]["passed"]
+
+    passed = run_guarded(body)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
 
 

@@ -196,7 +196,7 @@ def constant_range(ctx, check):
             biggest = float(np.abs(finite).max())
             yield ctx.diag(check, users[0], f"constant '{value.name}' holds {int(over.sum())} value(s) beyond the "
                            f"{ctx.tname} range (largest |x| = {biggest:.4g}) and feeds {users[0].op} "
-                           f"{ctx.where()} {ctx.tname}", value=biggest, tensor=value.name)
+                           f"({ctx.where()} {ctx.tname})", value=biggest, tensor=value.name)
 
 
 def weights_flush(ctx, check):
@@ -233,8 +233,8 @@ def masking_constant(ctx, check):
         users = _low_consumers(ctx, value, through=True)
         if users:
             yield ctx.diag(check, users[0], f"masking constant '{value.name}' ({lowest:.4g}) reaches {users[0].op} "
-                           f"{ctx.where()} {ctx.tname}, where it is -inf: summed masks or a fully masked row give NaN",
-                           value=lowest, tensor=value.name)
+                           f"({ctx.where()} {ctx.tname}), where it is -inf: summed masks or a fully masked row "
+                           "give NaN", value=lowest, tensor=value.name)
 
 
 EPSILON_OPS = {"LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",

@@ -1,0 +1,140 @@
+"""Stage: report. Text, JSON and SARIF 2.1.0 for lint results, and the rules catalog (text,
+Markdown). All read the same Diagnostic list."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from .. import __version__
+from ..diagnostics import SEVERITIES
+from ..lint.catalog import load_checks
+
+SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+LINT_SCHEMA_VERSION = 1
+
+
+def counts(diagnostics) -> dict:
+    c = Counter(d.severity for d in diagnostics)
+    return {s: c.get(s, 0) for s in reversed(SEVERITIES)}
+
+
+def lint_text(results) -> str:
+    """Findings grouped by code, each with node, op type and message, then the check's fix hint."""
+    checks = {c.code: c for c in load_checks()}
+    lines = []
+    diagnostics = [d for r in results for d in r.diagnostics]
+    by_code: dict[str, list] = {}
+    for d in diagnostics:
+        by_code.setdefault(d.code, []).append(d)
+    for code, group in by_code.items():
+        check = checks[code]
+        lines.append(f"{code} {check.name} [{check.severity}]: {check.summary}")
+        for d in group:
+            where = f"{d.model}: " if len(results) > 1 and d.model else ""
+            node = d.node or "(model)"
+            graph = "" if d.graph == "main" else f" in {d.graph}"
+            sev = "" if d.severity == check.severity else f" [{d.severity}]"
+            lines.append(f"  {where}{node}{graph} ({d.op_type or '-'}){sev}: {d.message}")
+        lines.append(f"  fix: {check.fix}")
+        lines.append("")
+    total = counts(diagnostics)
+    suppressed = sum(r.suppressed for r in results)
+    for r in results:
+        mode = ("as converted" if r.mode == "actual" else
+                f"fp32 model, checked as if every float op ran in {r.precision}")
+        lines.append(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})")
+    lines.append(f"{len(diagnostics)} finding(s): {total['error']} error, {total['warning']} warning, "
+                 f"{total['info']} info; {suppressed} suppressed")
+    return "\n".join(lines)
+
+
+def lint_dict(results) -> dict:
+    diagnostics = [d for r in results for d in r.diagnostics]
+    return {
+        "schema_version": LINT_SCHEMA_VERSION,
+        "tool": {"name": "autocast-onnx", "version": __version__},
+        "models": [{"path": r.model, "mode": r.mode, "precision": r.precision, "checks": r.checks,
+                    "findings": len(r.diagnostics), "suppressed": r.suppressed} for r in results],
+        "summary": counts(diagnostics),
+        "diagnostics": [d.as_dict() for d in diagnostics],
+    }
+
+
+def lint_json(results) -> str:
+    return json.dumps(lint_dict(results), indent=1, default=float)
+
+
+def sarif_dict(diagnostics) -> dict:
+    checks = list(load_checks())
+    index = {c.code: k for k, c in enumerate(checks)}
+    rules = [{
+        "id": c.code,
+        "name": c.name,
+        "shortDescription": {"text": c.summary},
+        "fullDescription": {"text": " ".join(c.why.split())},
+        "help": {"text": c.fix},
+        "defaultConfiguration": {"level": SARIF_LEVEL[c.severity]},
+        "properties": {"kind": c.kind},
+    } for c in checks]
+    artifacts = []
+    seen = {}
+    results = []
+    for d in diagnostics:
+        uri = d.model or "model.onnx"
+        if uri not in seen:
+            seen[uri] = len(artifacts)
+            artifacts.append({"location": {"uri": uri}})
+        location = {"physicalLocation": {"artifactLocation": {"uri": uri, "index": seen[uri]}}}
+        if d.node is not None:
+            location["logicalLocations"] = [{"name": d.node, "fullyQualifiedName": f"{d.graph}/{d.node}",
+                                             "kind": "object"}]
+        properties = {k: v for k, v in (("opType", d.op_type), ("graph", d.graph), ("nodeIndex", d.node_index),
+                                        ("tensor", d.tensor), ("value", d.value), ("protected", d.protected))
+                      if v is not None}
+        result = {"ruleId": d.code, "ruleIndex": index[d.code], "level": SARIF_LEVEL[d.severity],
+                  "message": {"text": d.message}, "locations": [location]}
+        if properties:
+            result["properties"] = properties
+        results.append(result)
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "autocast-onnx", "version": __version__, "rules": rules}},
+            "artifacts": artifacts,
+            "results": results,
+        }],
+    }
+
+
+def sarif_json(diagnostics) -> str:
+    return json.dumps(sarif_dict(diagnostics), indent=1, default=float)
+
+
+def rules_text() -> str:
+    lines = []
+    for c in load_checks():
+        lines.append(f"{c.code}  {c.name:<34} {c.severity:<8} {c.summary}")
+    return "\n".join(lines)
+
+
+def rules_markdown() -> str:
+    """docs/rules.md, generated from rules/lint.toml."""
+    out = ["# Lint checks", "",
+           "Generated from [`rules/lint.toml`](../rules/lint.toml) by "
+           "`autocast-onnx rules --format markdown > docs/rules.md`; do not edit by hand.", "",
+           "Select or ignore checks by code, code prefix or name (`--select AC1 --ignore AC402`), in the "
+           "configuration (`select`, `ignore`, `fail-on`, `suppress`) or per node with the metadata key "
+           "`autocast-onnx:ignore` (a comma-separated list of codes). Exit codes: 0 no finding at or above "
+           "`--fail-on` (default error), 1 findings, 2 usage or input error.", "",
+           "| code | name | severity | summary |", "|---|---|---|---|"]
+    checks = load_checks()
+    for c in checks:
+        out.append(f"| [{c.code}](#{c.code.lower()}-{c.name}) | {c.name} | {c.severity} | {c.summary} |")
+    for c in checks:
+        out += ["", f"## {c.code} {c.name}", "", f"**{c.summary}.** Severity: {c.severity}.", "",
+                "Why is this bad? " + " ".join(c.why.split()), "", f"How to fix it: {c.fix}"]
+        if c.example:
+            out += ["", "Example:", "", f"    {c.example}"]
+    return "\n".join(out) + "\n"
