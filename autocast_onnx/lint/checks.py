@@ -232,9 +232,13 @@ def masking_constant(ctx, check):
             continue
         users = _low_consumers(ctx, value, through=True)
         if users:
+            fate = ("is -inf there" if lowest < -65504.0 or ctx.low != FLOAT16
+                    else "is the lowest finite value there, and any further sum overflows to -inf")
+            if ctx.low == BFLOAT16:
+                fate = "keeps its huge magnitude there, so sums with it overflow or swamp the scores"
             yield ctx.diag(check, users[0], f"masking constant '{value.name}' ({lowest:.4g}) reaches {users[0].op} "
-                           f"({ctx.where()} {ctx.tname}), where it is -inf: summed masks or a fully masked row "
-                           "give NaN", value=lowest, tensor=value.name)
+                           f"({ctx.where()} {ctx.tname}) and {fate}: summed masks or a fully masked row give NaN",
+                           value=lowest, tensor=value.name)
 
 
 EPSILON_OPS = {"LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
@@ -253,13 +257,26 @@ def epsilon_flush(ctx, check):
         add, eps = pattern["add"], pattern["eps"]
         if eps is None or not ctx.is_low(add):
             continue
-        data = constant_array(eps)
-        if data is None:
+        source = _through_casts(eps)
+        data = constant_array(source)
+        if data is None or not np.asarray(data).size:
             continue
-        data = np.abs(np.asarray(data, dtype=np.float32))
-        if data.size and 0 < data.max() < tiny:
-            yield ctx.diag(check, add, f"epsilon {float(data.max()):g} of a decomposed LayerNorm is 0 in {ctx.tname}",
-                           value=float(data.max()), tensor=eps.name)
+        largest = float(np.abs(np.asarray(data, dtype=np.float32)).max())
+        if 0 < largest < tiny:
+            yield ctx.diag(check, add, f"epsilon {largest:g} of a decomposed LayerNorm is 0 in {ctx.tname}",
+                           value=largest, tensor=source.name)
+        elif largest == 0 and (source.dtype in LOW or source is not eps):
+            yield ctx.diag(check, add, f"the epsilon '{source.name}' of a decomposed LayerNorm is 0 "
+                           f"({dtype_name(source.dtype)}): it flushed when the model was converted", value=0.0,
+                           tensor=source.name)
+
+
+def _through_casts(value):
+    """The value a chain of Cast nodes starts from."""
+    while value.producer is not None and value.producer.op == "Cast" and value.producer.inputs \
+            and value.producer.inputs[0] is not None:
+        value = value.producer.inputs[0]
+    return value
 
 
 def lossy_round_trip(ctx, check):

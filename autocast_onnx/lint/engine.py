@@ -5,7 +5,7 @@ the diagnostics sorted by code and position."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
@@ -94,7 +94,8 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
             re.compile(s.node)
         except re.error as exc:
             raise AutocastError(f"bad regex {s.node!r} in a suppression: {exc}", s.source, "fix the pattern") from None
-    suppressions = list(options.suppress) + _metadata_suppressions(ctx)
+    # Fresh copies: use counts belong to this run, not to the caller's options.
+    suppressions = [replace(s, used=0) for s in options.suppress] + _metadata_suppressions(ctx)
     diagnostics = []
     suppressed = 0
     for check in checks:
