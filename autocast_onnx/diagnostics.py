@@ -3,6 +3,7 @@ and the text, JSON, SARIF and HTML emitters and the exit code all read the same 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 SEVERITIES = ("info", "warning", "error")
@@ -30,7 +31,12 @@ class Diagnostic:
         return (self.code, self.graph, self.node or "", self.tensor or "")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Plain JSON-safe data: a non-finite measured value (an -inf mask) becomes None; the
+        message still says it."""
+        data = asdict(self)
+        if data["value"] is not None and not math.isfinite(data["value"]):
+            data["value"] = None
+        return data
 
 
 def at_least(severity: str, threshold: str) -> bool:

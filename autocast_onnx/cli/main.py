@@ -269,7 +269,15 @@ def lint(models, fmt, output, select, ignore, fail_on, precision, rules, config)
     def body():
         settings, _ = load_settings(config=config)
         options = _lint_options(settings, select, ignore, fail_on, precision, rules)
-        results = [run_lint(m, options) for m in models]
+        if len(models) > 1:
+            # configuration suppressions are judged over all the models together
+            from ..lint.engine import unused_config_suppressions
+
+            options.report_unused_config = False
+            results = [run_lint(m, options) for m in models]
+            results[-1].diagnostics.extend(unused_config_suppressions(results, options))
+        else:
+            results = [run_lint(m, options) for m in models]
         if fmt == "json":
             text = lint_json(results)
         elif fmt == "sarif":
@@ -409,6 +417,11 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
             before = run_lint(model, options)
             converted = convert_file(model, out, precision=precision, rules=options.rules)
             after = run_lint(out, options)
+            if output is None:
+                # the converted file is temporary: findings point at the model that was checked
+                after.model = str(model)
+                for d in after.diagnostics:
+                    d.model = str(model)
             validation_report = None
             if not skip_validate:
                 from ..validate.core import validate
@@ -430,7 +443,7 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
         report["gate"] = compare_baseline(report, prior, after, options.fail_on)
         click.echo(check_summary(report))
         if report_json is not None:
-            write_text_atomic(Path(report_json), _json.dumps(report, indent=1, default=float) + "\n")
+            write_text_atomic(Path(report_json), _json.dumps(report, indent=1, default=float, allow_nan=False) + "\n")
         if report_html is not None and validation_report is not None:
             from ..report.html import validation_html
 
@@ -444,7 +457,18 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
 
 
 def main() -> None:
-    cli(prog_name="autocast-onnx")
+    """Entry point: usage errors (unknown option, bad choice, missing argument) become one line
+    and exit code 2, like every other bad input."""
+    try:
+        cli.main(prog_name="autocast-onnx", standalone_mode=False)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "autocast-onnx"
+        _fail(f"{exc.format_message()} (see {command} --help)", EXIT_INPUT)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), EXIT_INPUT)
+    except click.Abort:
+        _fail("aborted", 130)
+    sys.exit(EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ def _low_consumers(ctx, value, through=False, depth=3):
             if node.op == "Cast" and ctx.mode == "actual":
                 to = node.outputs[0].dtype if node.outputs and node.outputs[0] is not None else None
                 if to in LOW:
-                    out.append(node)
+                    out.append(node)   # the conversion to the low type happens here
                     continue
             if ctx.is_low(node) and not (node.op == "Cast" and ctx.mode == "actual"):
                 out.append(node)

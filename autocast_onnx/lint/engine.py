@@ -38,6 +38,8 @@ class LintOptions:
     ignore: list = field(default_factory=list)
     fail_on: str = "error"
     precision: str | None = None          # for fp32 models: which low type to assume (default fp16)
+    report_unused_config: bool = True     # AC901 for configuration suppressions (off when the caller
+                                          # lints several models and reports them once)
     suppress: list = field(default_factory=list)   # Suppression entries from the configuration
     rules: list = field(default_factory=list)      # conversion rule files (decide "protected")
 
@@ -50,6 +52,7 @@ class LintResult:
     diagnostics: list
     checks: list               # codes that ran
     suppressed: int = 0
+    config_suppression_use: list = field(default_factory=list)   # per options.suppress entry
 
     def failed(self, fail_on: str) -> bool:
         return any(at_least(d.severity, fail_on) for d in self.diagnostics)
@@ -77,6 +80,21 @@ def _metadata_suppressions(ctx) -> list:
                     found.append(Suppression(code=code, node=f"^{re.escape(node.label)}$",
                                              source=f"metadata of node {node.label}"))
     return found
+
+
+def unused_config_suppressions(results, options) -> list:
+    """AC901 findings for configuration suppressions that matched nothing in any of `results`."""
+    checks = [c for c in selected(load_checks(), options.select, options.ignore) if c.kind == "unused-suppression"]
+    if not checks:
+        return []
+    check = checks[0]
+    out = []
+    for k, s in enumerate(options.suppress):
+        if not any(r.config_suppression_use[k] for r in results):
+            out.append(Diagnostic(code=check.code, name=check.name, severity=check.severity,
+                                  message=f"suppression of {s.code} for nodes matching {s.node!r} ({s.source}) "
+                                          f"matched no finding in {len(results)} model(s)", fix=check.fix))
+    return out
 
 
 def lint(model, options: LintOptions | None = None) -> LintResult:
@@ -107,9 +125,10 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
                 continue
             diagnostics.append(diag)
     unused_check = next((c for c in checks if c.kind == "unused-suppression"), None)
+    n_config = len(options.suppress)
     if unused_check is not None:
-        for s in suppressions:
-            if not s.used:
+        for k, s in enumerate(suppressions):
+            if not s.used and (k >= n_config or options.report_unused_config):
                 diagnostics.append(Diagnostic(code=unused_check.code, name=unused_check.name,
                                               severity=unused_check.severity,
                                               message=f"suppression of {s.code} for nodes matching {s.node!r} "
@@ -120,4 +139,5 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
                                     d.tensor or ""))
     precision = "fp16" if ctx.low == 10 else "bf16"
     return LintResult(model=path, mode=ctx.mode, precision=precision, diagnostics=diagnostics,
-                      checks=[c.code for c in checks], suppressed=suppressed)
+                      checks=[c.code for c in checks], suppressed=suppressed,
+                      config_suppression_use=[s.used for s in suppressions[:n_config]])

@@ -62,7 +62,7 @@ def lint_dict(results) -> dict:
 
 
 def lint_json(results) -> str:
-    return json.dumps(lint_dict(results), indent=1, default=float)
+    return json.dumps(lint_dict(results), indent=1, default=float, allow_nan=False)
 
 
 def sarif_dict(diagnostics) -> dict:
@@ -89,8 +89,9 @@ def sarif_dict(diagnostics) -> dict:
         if d.node is not None:
             location["logicalLocations"] = [{"name": d.node, "fullyQualifiedName": f"{d.graph}/{d.node}",
                                              "kind": "object"}]
+        value = d.as_dict()["value"]
         properties = {k: v for k, v in (("opType", d.op_type), ("graph", d.graph), ("nodeIndex", d.node_index),
-                                        ("tensor", d.tensor), ("value", d.value), ("protected", d.protected))
+                                        ("tensor", d.tensor), ("value", value), ("protected", d.protected))
                       if v is not None}
         result = {"ruleId": d.code, "ruleIndex": index[d.code], "level": SARIF_LEVEL[d.severity],
                   "message": {"text": d.message}, "locations": [location]}
@@ -109,7 +110,7 @@ def sarif_dict(diagnostics) -> dict:
 
 
 def sarif_json(diagnostics) -> str:
-    return json.dumps(sarif_dict(diagnostics), indent=1, default=float)
+    return json.dumps(sarif_dict(diagnostics), indent=1, default=float, allow_nan=False)
 
 
 def rules_text() -> str:
