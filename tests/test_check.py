@@ -325,7 +325,7 @@ def test_sarif_of_the_converted_model(tmp_path, sarif_validator):
         [location] = result["locations"]
         assert location["physicalLocation"]["artifactLocation"]["uri"] == str(out)
         assert location["logicalLocations"][0]["name"] == diag["node"]
-        assert location["logicalLocations"][0]["fullyQualifiedName"] == f"main/{diag['node']}"
+        assert location["logicalLocations"][0]["fullyQualifiedName"] == f"main::{diag['node']}"
 
 
 def test_sarif_without_output_names_a_file_that_exists(tmp_path, sarif_validator):

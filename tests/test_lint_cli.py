@@ -252,7 +252,7 @@ def check_sarif(sarif: dict, validator, diagnostics: list[dict]) -> None:
         else:
             logical = location["logicalLocations"][0]
             assert logical["name"] == diag["node"]
-            assert logical["fullyQualifiedName"] == f"{diag['graph']}/{diag['node']}"
+            assert logical["fullyQualifiedName"] == f"{diag['graph']}::{diag['node']}"
 
 
 def test_sarif_of_an_fp16_model_is_valid_and_locates_findings(masked, sarif_validator):
@@ -266,7 +266,7 @@ def test_sarif_of_an_fp16_model_is_valid_and_locates_findings(masked, sarif_vali
     assert [r["level"] for r in run["results"]] == ["error", "error", "error", "warning", "note"]
     by_rule = {r["ruleId"]: r for r in run["results"]}
     assert by_rule["AC101"]["locations"][0]["logicalLocations"][0] == {
-        "name": "softmax", "fullyQualifiedName": "main/softmax", "kind": "object"}
+        "name": "softmax", "fullyQualifiedName": "main::softmax", "kind": "object"}
     assert by_rule["AC203"]["properties"]["tensor"] == "mask"
     assert by_rule["AC203"]["properties"]["value"] == pytest.approx(float(np.finfo(np.float32).min))
 

@@ -412,6 +412,12 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
             except (OSError, ValueError, KeyError, TypeError):
                 raise AutocastError("not a check report (--report-json of autocast-onnx check)", str(baseline),
                                     "write one with --report-json") from None
+        for target in (report_json, report_html, sarif):
+            if target is not None and not Path(target).resolve().parent.is_dir():
+                raise AutocastError("report folder does not exist", str(Path(target).parent), "create it first")
+        # configuration suppressions are judged over both lints: a finding the conversion removes
+        # does not make its suppression "unused"
+        options.report_unused_config = False
         with tempfile.TemporaryDirectory() as tmp:
             out = output or Path(tmp) / f"{Path(model).stem}.{precision}.onnx"
             before = run_lint(model, options)
@@ -422,6 +428,9 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
                 after.model = str(model)
                 for d in after.diagnostics:
                     d.model = str(model)
+            from ..lint.engine import unused_config_suppressions
+
+            after.diagnostics.extend(unused_config_suppressions([before, after], options))
             validation_report = None
             if not skip_validate:
                 from ..validate.core import validate

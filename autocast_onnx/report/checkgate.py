@@ -21,8 +21,12 @@ def compare_baseline(report: dict, prior: dict | None, after, fail_on: str) -> d
         known = {(d["code"], d["graph"], d["node"] or "", d["tensor"] or "")
                  for d in prior["lint_converted"]["diagnostics"]}
         gate["new_findings"] = [d.as_dict() for d in blocking if d.key() not in known]
-        passed_before = {o["name"] for o in ((prior.get("validation") or {}).get("outputs", [])) if o["passed"]}
-        gate["regressions"] = [name for name in failed_outputs if name in passed_before]
+        if prior.get("validation") is None:
+            # the baseline did not validate: it says nothing about accuracy, so every failure counts
+            gate["regressions"] = failed_outputs
+        else:
+            failed_before = {o["name"] for o in prior["validation"].get("outputs", []) if not o["passed"]}
+            gate["regressions"] = [name for name in failed_outputs if name not in failed_before]
     gate["passed"] = not gate["new_findings"] and not gate["regressions"]
     return gate
 
@@ -30,8 +34,9 @@ def compare_baseline(report: dict, prior: dict | None, after, fail_on: str) -> d
 def check_summary(report: dict) -> str:
     lines = [f"check {report['model']}"]
     before = report["lint_original"]["summary"]
-    lines.append(f"  lint (fp32 model, as if every float op were low precision): {before['error']} error, "
-                 f"{before['warning']} warning, {before['info']} info")
+    mode = report["lint_original"]["models"][0]["mode"]
+    label = "fp32 model, as if every float op were low precision" if mode == "prospective" else "model as given"
+    lines.append(f"  lint ({label}): {before['error']} error, {before['warning']} warning, {before['info']} info")
     conv = report["conversion"]
     counts = ", ".join(f"{k} {v}" for k, v in conv["counts"].items() if v)
     lines.append(f"  convert to {conv['precision']}: {counts}; {conv['casts_added']} casts; "
@@ -48,7 +53,8 @@ def check_summary(report: dict) -> str:
                      f"relative error {worst['relative_error']:.3g} ({worst['name']}){speed}")
     gate = report["gate"]
     for d in gate["new_findings"][:10]:
-        lines.append(f"  {'new ' if gate['baseline'] else ''}finding {d['code']} {d['name']} at {d['node']}: {d['message']}")
+        lines.append(f"  {'new ' if gate['baseline'] else ''}finding {d['code']} {d['name']} at {d['node'] or '(model)'}: "
+                     f"{d['message']}")
     for name in gate["regressions"]:
         lines.append(f"  {'regression' if gate['baseline'] else 'failed output'}: {name}")
     lines.append("result: " + ("PASS" if gate["passed"] else "FAIL")

@@ -23,9 +23,10 @@ def lint_text(results) -> str:
     """Findings grouped by code, each with node, op type and message, then the check's fix hint."""
     checks = {c.code: c for c in load_checks()}
     lines = []
+    order = {c.code: k for k, c in enumerate(checks.values())}
     diagnostics = [d for r in results for d in r.diagnostics]
     by_code: dict[str, list] = {}
-    for d in diagnostics:
+    for d in sorted(diagnostics, key=lambda d: order.get(d.code, 999)):
         by_code.setdefault(d.code, []).append(d)
     for code, group in by_code.items():
         check = checks[code]
@@ -87,7 +88,7 @@ def sarif_dict(diagnostics) -> dict:
             artifacts.append({"location": {"uri": uri}})
         location = {"physicalLocation": {"artifactLocation": {"uri": uri, "index": seen[uri]}}}
         if d.node is not None:
-            location["logicalLocations"] = [{"name": d.node, "fullyQualifiedName": f"{d.graph}/{d.node}",
+            location["logicalLocations"] = [{"name": d.node, "fullyQualifiedName": f"{d.graph}::{d.node}",
                                              "kind": "object"}]
         value = d.as_dict()["value"]
         properties = {k: v for k, v in (("opType", d.op_type), ("graph", d.graph), ("nodeIndex", d.node_index),
