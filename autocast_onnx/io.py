@@ -34,8 +34,12 @@ class LoadedModel:
     external_files: list[str] = field(default_factory=list)
 
 
-def load_model(path: str | os.PathLike) -> LoadedModel:
-    """Read an ONNX file; raise AutocastError with one clear line for anything unusable."""
+def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedModel:
+    """Read an ONNX file; raise AutocastError with one clear line for anything unusable.
+
+    External data locations are always checked (inside the model's folder, file present, range
+    within the file). With load_external=False the bytes stay on disk and are read one tensor at
+    a time when needed (see tensor_bytes), so a model larger than memory can be converted."""
     path = Path(path)
     where = str(path)
     if not path.exists():
@@ -60,7 +64,10 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     files = set()
     for tensor in _graph_tensors(model.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            files.add(load_external_tensor(tensor, path.parent, where))
+            if load_external:
+                files.add(load_external_tensor(tensor, path.parent, where))
+            else:
+                files.add(external_location(tensor, path.parent, where)[3])
     loaded.external_data = bool(files)
     loaded.external_files = sorted(files)
     return loaded
@@ -71,15 +78,16 @@ def _graph_tensors(graph: onnx.GraphProto):
     yield from graph.initializer
 
 
-def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str) -> str:
-    """Read one tensor's external bytes into raw_data, refusing locations outside `base_dir`."""
+def external_location(tensor: onnx.TensorProto, base_dir: Path, where: str) -> tuple[Path, int, int, str]:
+    """(file, offset, length, location) of an external tensor, after refusing locations outside
+    `base_dir`, missing files and ranges beyond the file. Reads nothing."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     what = f"initializer '{tensor.name}'"
     if not location:
         raise AutocastError(f"{what} has external data without a location", where, "re-save the model")
     loc = Path(location)
-    base = base_dir.resolve()
+    base = Path(base_dir).resolve()
     target = (base / loc).resolve()
     if loc.is_absolute() or ".." in loc.parts or not target.is_relative_to(base):
         raise AutocastError(f"{what}: external data location '{location}' is outside the model's folder",
@@ -88,17 +96,61 @@ def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str) -
         raise AutocastError(f"{what}: external data file '{location}' is missing", where,
                             "copy the data file next to the model")
     size = target.stat().st_size
-    offset = int(info.get("offset", 0) or 0)
-    length = int(info["length"]) if info.get("length") else size - offset
+    try:
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") else size - offset
+    except ValueError:
+        raise AutocastError(f"{what}: external data offset/length are not numbers", where,
+                            "re-save the model") from None
     if offset < 0 or length < 0 or offset + length > size:
         raise AutocastError(f"{what}: external data range {offset}+{length} exceeds '{location}' ({size} bytes)",
                             where, "the data file is truncated or belongs to another model")
+    return target, offset, length, location
+
+
+def read_external(tensor: onnx.TensorProto, base_dir: Path, where: str = "<model>") -> bytes:
+    target, offset, length, _ = external_location(tensor, base_dir, where)
     with open(target, "rb") as fh:
         fh.seek(offset)
-        tensor.raw_data = fh.read(length)
+        return fh.read(length)
+
+
+def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str) -> str:
+    """Read one tensor's external bytes into raw_data, refusing locations outside `base_dir`."""
+    location = external_location(tensor, base_dir, where)[3]
+    tensor.raw_data = read_external(tensor, base_dir, where)
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
     return location
+
+
+def is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def tensor_bytes(tensor: onnx.TensorProto, base_dir: Path | None) -> bytes:
+    """The little-endian payload of a tensor, wherever it is stored (one tensor in memory)."""
+    if is_external(tensor):
+        if base_dir is None:
+            raise AutocastError(f"initializer '{tensor.name}' uses external data but the model has no folder",
+                                None, "load the model from its file")
+        return read_external(tensor, base_dir)
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    if tensor.data_type == onnx.TensorProto.BFLOAT16:
+        return np.asarray(tensor.int32_data, dtype="<u2").tobytes()
+    return numpy_helper.to_array(tensor).tobytes()
+
+
+def tensor_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+    """The tensor as an array (bf16 as its raw uint16 bits), reading external data if needed."""
+    if not is_external(tensor):
+        if tensor.data_type == onnx.TensorProto.BFLOAT16:
+            return np.frombuffer(tensor_bytes(tensor, None), dtype="<u2").reshape(tuple(tensor.dims))
+        return numpy_helper.to_array(tensor)
+    dtype = {onnx.TensorProto.BFLOAT16: "<u2"}.get(tensor.data_type) or \
+        np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    return np.frombuffer(tensor_bytes(tensor, base_dir), dtype=dtype).reshape(tuple(tensor.dims))
 
 
 def _all_tensors_for_external(graph: onnx.GraphProto):
@@ -134,9 +186,12 @@ def check_output_path(out_path: Path, in_path: Path | None) -> None:
 
 
 def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_data: bool | None = None,
-               in_path: Path | None = None, payload: bytes | None = None) -> list[Path]:
+               in_path: Path | None = None, payload: bytes | None = None,
+               source_dir: Path | None = None, restore: bool = True) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
-    initializers go to `<name>.data` beside the model. Returns the files written."""
+    initializers go to `<name>.data` beside the model; with restore=False the model object keeps
+    pointing at that file afterwards (no second copy of the weights is held for restoring).
+    Returns the files written."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
     if external_data is None:
@@ -153,6 +208,18 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
             offset = 0
             with open(data_tmp, "wb") as fh:
                 for tensor in _all_tensors_for_external(model.graph):
+                    if is_external(tensor):
+                        # still on disk in the source: copy it across in chunks, never whole
+                        source, src_offset, length, _ = external_location(tensor, source_dir, str(in_path))
+                        pad = (-offset) % 64
+                        fh.write(b"\0" * pad)
+                        offset += pad
+                        _copy_range(source, src_offset, length, fh)
+                        if restore:
+                            moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
+                        _set_external(tensor, data_name, offset, length)
+                        offset += length
+                        continue
                     raw = tensor.raw_data if tensor.HasField("raw_data") else None
                     if raw is None:
                         if tensor.data_type == onnx.TensorProto.STRING:
@@ -167,13 +234,25 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
                     fh.write(b"\0" * pad)
                     offset += pad
                     fh.write(raw)
-                    moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())
-                                  if not tensor.HasField("raw_data") else tensor.raw_data))
-                    _set_external(tensor, data_name, offset, len(raw))
-                    offset += len(raw)
+                    if restore:
+                        moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())
+                                      if not tensor.HasField("raw_data") else raw))
+                    size = len(raw)
+                    del raw
+                    _set_external(tensor, data_name, offset, size)
+                    offset += size
                 fh.flush()
                 os.fsync(fh.fileno())
             finals.append((data_tmp, parent / data_name))
+        if not external_data:
+            for tensor in _all_tensors_for_external(model.graph):
+                if is_external(tensor):
+                    raw = read_external(tensor, source_dir, str(in_path))
+                    moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
+                    del tensor.external_data[:]
+                    tensor.data_location = onnx.TensorProto.DEFAULT
+                    tensor.raw_data = raw
+                    payload = None
         model_tmp = _temp_path(parent, out_path.name)
         temps.append(model_tmp)
         if payload is None or external_data:
@@ -204,6 +283,18 @@ def _umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~_umask()
+
+
+def _copy_range(source: Path, offset: int, length: int, out, chunk: int = 64 * 2**20) -> None:
+    with open(source, "rb") as fh:
+        fh.seek(offset)
+        left = length
+        while left:
+            block = fh.read(min(chunk, left))
+            if not block:
+                raise OSError(f"{source} ended early")
+            out.write(block)
+            left -= len(block)
 
 
 def _temp_path(parent: Path, name: str) -> Path:

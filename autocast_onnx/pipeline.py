@@ -156,7 +156,9 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         check_output_path(Path(plan_out), in_path if in_path.exists() else None)
     start = time.perf_counter()
     t = time.perf_counter()
-    loaded = load_model(in_path)
+    # External data stays on disk until a tensor is needed (and unchanged tensors are copied
+    # across file to file), so memory follows the weights that are converted, not the model.
+    loaded = load_model(in_path, load_external=False)
     timings = {"load": time.perf_counter() - t}
     check = options.pop("check", "basic")
     # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
@@ -177,7 +179,8 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         timings["check"] = time.perf_counter() - t
     t = time.perf_counter()
     result.output_files = save_model(result.model, out_path, external_data=external_data, in_path=in_path,
-                                     payload=payload)
+                                     payload=payload, source_dir=in_path.parent,
+                                     restore=not external_data)
     if check != "none" and big:
         check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t

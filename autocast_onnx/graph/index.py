@@ -77,10 +77,11 @@ class Node:
 
 class Scope:
     __slots__ = ("id", "graph", "parent", "owner", "attr_name", "values", "nodes", "inputs", "outputs",
-                 "path", "order", "sorted", "value_info", "typed")
+                 "path", "order", "sorted", "value_info", "typed", "base_dir")
 
-    def __init__(self, id_, graph, parent, owner, attr_name, path):
+    def __init__(self, id_, graph, parent, owner, attr_name, path, base_dir=None):
         self.id = id_
+        self.base_dir = base_dir   # folder that external data locations are relative to
         self.graph = graph
         self.parent = parent
         self.owner = owner
@@ -122,7 +123,7 @@ class GraphIndex:
 
     # ---- construction -------------------------------------------------------------------
     def _build_scope(self, graph, parent, owner, attr_name, path) -> Scope:
-        scope = Scope(len(self.scopes), graph, parent, owner, attr_name, path)
+        scope = Scope(len(self.scopes), graph, parent, owner, attr_name, path, self.base_dir)
         self.scopes.append(scope)
         values = scope.values
         for vi in graph.input:
@@ -134,9 +135,9 @@ class GraphIndex:
                 if self.base_dir is None:
                     raise AutocastError(f"initializer '{init.name}' uses external data but the model has no folder",
                                         self.where, "load the model from its file")
-                from ..io import load_external_tensor
+                from ..io import external_location
 
-                load_external_tensor(init, self.base_dir, self.where)
+                external_location(init, self.base_dir, self.where)   # checked now, read when needed
             existing = values.get(init.name)
             if existing is not None and existing.kind == "input":
                 existing.initializer = init  # an input with a default value: stays an input

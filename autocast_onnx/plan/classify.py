@@ -10,7 +10,8 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
-from ..dtypes import FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name, range_report
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report
+from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..graph import GraphIndex, Value
 from ..graph import signatures
 from .model import Reason
@@ -275,7 +276,10 @@ def _template(index, rules, domain, op, n_in, n_out, target):
 def constant_array(value: Value):
     """The fp32 data of an initializer or Constant-node output, or None if not constant."""
     if value.kind == "initializer":
-        return numpy_helper.to_array(value.initializer)
+        array = tensor_array(value.initializer, value.scope.base_dir)
+        if value.initializer.data_type == BFLOAT16:
+            return bf16_bits_to_float(array)
+        return array
     producer = value.producer
     if producer is not None and producer.op == "Constant" and producer.domain in ("", "ai.onnx"):
         for attr in producer.proto.attribute:
@@ -292,13 +296,13 @@ def _check_constants(values, target: int, thresholds) -> dict:
     """Data-rule verdicts for fp32 constants, keyed by id(value); values that pass are absent.
     Initializers stored as raw bytes are checked in one vectorised pass over all of them."""
     out = {}
-    raws, owners = [], []
+    sizes_in, owners = [], []
     for value in values:
         tensor = value.initializer if value.kind == "initializer" else None
-        if tensor is not None and tensor.HasField("raw_data"):
-            raw = tensor.raw_data
-            if raw:
-                raws.append(raw)
+        if tensor is not None and (tensor.HasField("raw_data") or is_external(tensor)):
+            size = tensor_nbytes(tensor)
+            if size:
+                sizes_in.append(size)
                 owners.append(value)
             continue
         data = constant_array(value)
@@ -308,7 +312,9 @@ def _check_constants(values, target: int, thresholds) -> dict:
                 out[id(value)] = verdict
     max_value, tiny = LIMITS[target]
     overflow_at = 65520.0 if target == FLOAT16 else max_value
-    for group in chunked(raws):
+    for group in chunked(sizes_in):
+        # one chunk of tensors in memory at a time (external data is read here, not before)
+        raws = {k: tensor_bytes(owners[k].initializer, owners[k].scope.base_dir) for k in group}
         flat = np.frombuffer(b"".join(raws[k] for k in group), dtype="<f4")
         sizes = np.fromiter((len(raws[k]) // 4 for k in group), dtype=np.int64, count=len(group))
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
@@ -332,16 +338,18 @@ def _check_constants(values, target: int, thresholds) -> dict:
 CHUNK_BYTES = 64 * 2**20
 
 
-def chunked(raws, limit: int = CHUNK_BYTES):
-    """Group consecutive indices of `raws` into runs of at most `limit` bytes (one item may be
-    larger), so vectorised passes over many tensors need bounded extra memory."""
-    group, size = [], 0
-    for k, raw in enumerate(raws):
-        if group and size + len(raw) > limit:
+def chunked(sizes, limit: int = CHUNK_BYTES):
+    """Group consecutive indices of `sizes` (byte counts, or byte strings) into runs of at most
+    `limit` bytes (one item may be larger), so vectorised passes over many tensors need bounded
+    extra memory."""
+    group, total = [], 0
+    for k, item in enumerate(sizes):
+        n = item if isinstance(item, int) else len(item)
+        if group and total + n > limit:
             yield group
-            group, size = [], 0
+            group, total = [], 0
         group.append(k)
-        size += len(raw)
+        total += n
     if group:
         yield group
 

@@ -19,6 +19,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, PRECISION_OF, bf16_bits_to_float, dtype_name, float_to_bf16_bits
 from ..errors import InternalCheckError
 from ..graph import GraphIndex
+from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..plan.classify import Classification, chunked
 from ..plan.model import PrecisionPlan
 
@@ -358,53 +359,58 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> 
     # A graph output that is an initializer keeps its exact values: consumers get copies.
     needs_original = bool(value.graph_outputs) or out_need is not None or served < len(value.consumers)
     if not needs_original and len(wanted) == 1:
-        jobs.append((tensor, None, next(iter(wanted)), clamp))
+        jobs.append((tensor, None, next(iter(wanted)), clamp, value.scope.base_dir))
         return True
     for need, users in wanted.items():
         copy = TensorProto()
         copy.name = names.fresh(f"{value.name}_{dtype_name(need)}")
         copy.dims.extend(tensor.dims)
         new_inits.setdefault(value.scope.id, []).append(copy)
-        jobs.append((tensor, copy, need, clamp))
+        jobs.append((tensor, copy, need, clamp, value.scope.base_dir))
         for consumer, port in users:
             consumer.proto.input[port] = copy.name
     return False
 
 
 def _run_conversions(jobs, stats) -> None:
-    """Convert initializers. The common case (fp32 raw bytes to fp16, no clamping) is done for
-    all tensors at once; the rest one by one."""
-    fast = [j for j in jobs if j[0].data_type == FLOAT and j[2] == FLOAT16 and not j[3] and j[0].HasField("raw_data")]
+    """Convert initializers. The common case (fp32 to fp16, no clamping) runs vectorised over
+    chunks of tensors; the rest one by one. Sources stored as external data are read a chunk at a
+    time, so only the converted payloads accumulate in memory."""
+    fast = [j for j in jobs if j[0].data_type == FLOAT and j[2] == FLOAT16 and not j[3]
+            and (j[0].HasField("raw_data") or is_external(j[0]))]
     fast_ids = {id(j) for j in fast}
     if fast:
-        raws = [j[0].raw_data for j in fast]
-        for group in chunked(raws):
+        sizes = [tensor_nbytes(j[0]) for j in fast]
+        for group in chunked(sizes):
+            raws = [tensor_bytes(fast[k][0], fast[k][4]) for k in group]
             with np.errstate(over="ignore"):
-                half = np.frombuffer(b"".join(raws[k] for k in group), dtype="<f4").astype("<f2").tobytes()
+                half = np.frombuffer(b"".join(raws), dtype="<f4").astype("<f2").tobytes()
+            del raws
             view = memoryview(half)
             offset = 0
             for k in group:
-                n = len(raws[k]) // 2
-                source, copy, dst, _ = fast[k]
-                _store(source, copy, dst, bytes(view[offset:offset + n]), stats, len(raws[k]))
+                n = sizes[k] // 2
+                source, copy, dst, _, _ = fast[k]
+                _store(source, copy, dst, bytes(view[offset:offset + n]), stats, sizes[k])
                 offset += n
     for job in jobs:
         if id(job) in fast_ids:
             continue
-        source, copy, dst, clamp = job
-        array = _tensor_array(source)
+        source, copy, dst, clamp, base_dir = job
+        array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
         _store(source, copy, dst, raw, stats, array.nbytes)
 
 
-def _store(source, copy, dst, payload, stats, source_bytes=None) -> None:
+def _store(source, copy, dst, payload, stats, source_bytes) -> None:
     if copy is None:
-        if source_bytes is None:
-            source_bytes = len(source.raw_data) if source.HasField("raw_data") else _tensor_array(source).nbytes
         stats.initializer_bytes_delta += len(payload) - source_bytes
         for fld in ("float_data", "int32_data", "double_data"):
             source.ClearField(fld)
+        if is_external(source):
+            del source.external_data[:]
+            source.data_location = TensorProto.DEFAULT
         source.data_type = dst
         source.raw_data = payload
         stats.initializers_converted += 1
