@@ -160,6 +160,7 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
     # across file to file), so memory follows the weights that are converted, not the model.
     loaded = load_model(in_path, load_external=False)
     timings = {"load": time.perf_counter() - t}
+    _refuse_overwriting_inputs(in_path, loaded.external_files, out_path)
     check = options.pop("check", "basic")
     # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
     # tells whether the checker can take it in memory without serializing it to find out.
@@ -188,6 +189,15 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         result.plan.save(plan_out)
     timings["total"] = time.perf_counter() - start
     return result
+
+
+def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path) -> None:
+    """The output model and its data file must not be any file the input consists of."""
+    inputs = {(in_path.parent / f).resolve() for f in external_files} | {in_path.resolve()}
+    for target in (out_path, out_path.with_name(out_path.name + ".data")):
+        if target.resolve() in inputs:
+            raise AutocastError(f"writing {target.name} would overwrite a file of the input model", str(target),
+                                "choose another -o; autocast-onnx never modifies its input")
 
 
 def _api_options(options: dict) -> dict:

@@ -249,3 +249,16 @@ def test_unsorted_graph_is_written_sorted(tmp_path):
     out = onnx.load(tmp_path / "unsorted.fp16.onnx")
     names = [n.name for n in out.graph.node if n.op_type != "Cast"]
     assert names == ["early", "late"]
+
+
+def test_output_whose_data_file_is_the_inputs_data_is_refused(tmp_path):
+    # input ext.onnx keeps its weights in ext.onnx.data; "-o ext.onnx.data" would write the
+    # model over them, and "-o ext" would write its own data file ext.data... both must be safe
+    _, path = external_model(tmp_path)
+    data = path.with_name("ext.onnx.data")
+    before = sha(data)
+    proc = cli_proc("convert", path, "-o", data)
+    assert proc.returncode == 2 and "would overwrite a file of the input model" in error_line(proc)
+    proc = cli_proc("convert", path, "-o", path.with_name("ext"), "--external-data")
+    assert proc.returncode == 0, proc.stderr   # writes ext and ext.data: different files
+    assert sha(data) == before
