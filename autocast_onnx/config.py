@@ -10,6 +10,7 @@ configuration file)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -71,8 +72,10 @@ def load_settings(start: Path | None = None, config: Path | None = None) -> tupl
             raise AutocastError(f"unknown key '{key}'", where,
                                 "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS))
         if norm in VALIDATE_KEYS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise AutocastError(f"{key} must be a number, not {value!r}", where, "fix the value")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or (norm in ("atol", "rtol") and value < 0):
+                raise AutocastError(f"{key} must be a finite number{' >= 0' if norm in ('atol', 'rtol') else ''}, "
+                                    f"not {value!r}", where, "fix the value")
             value = float(value)
         elif norm in ("select", "ignore", "rules"):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -102,7 +102,10 @@ def external_location(tensor: onnx.TensorProto, base_dir: Path, where: str) -> t
     except ValueError:
         raise AutocastError(f"{what}: external data offset/length are not numbers", where,
                             "re-save the model") from None
-    if offset < 0 or length < 0 or offset + length > size:
+    if offset < 0 or length < 0:
+        raise AutocastError(f"{what}: external data offset {offset} / length {length} is negative", where,
+                            "re-save the model")
+    if offset + length > size:
         raise AutocastError(f"{what}: external data range {offset}+{length} exceeds '{location}' ({size} bytes)",
                             where, "the data file is truncated or belongs to another model")
     return target, offset, length, location
@@ -162,6 +165,27 @@ def _all_tensors_for_external(graph: onnx.GraphProto):
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
                     yield from _all_tensors_for_external(sub)
+
+
+def refuse_overwriting(outputs, inputs) -> None:
+    """Refuse report/output paths that name one of the input files, or a folder that does not
+    exist - before any work is done."""
+    protected = set()
+    for item in inputs:
+        if item is not None and Path(item).exists():
+            protected.add(Path(item).resolve())
+    for out in outputs:
+        if out is None or str(out) == "-":
+            continue
+        out = Path(out)
+        if out.resolve() in protected:
+            raise AutocastError("output path is the input (or another file this command reads)", str(out),
+                                "choose another path; autocast-onnx never overwrites its input")
+        parent = out.parent if str(out.parent) else Path(".")
+        if not parent.is_dir():
+            raise AutocastError("output folder does not exist", str(parent), "create it first")
+        if out.is_dir():
+            raise AutocastError("output path is a directory", str(out), "give a file name")
 
 
 def check_output_path(out_path: Path, in_path: Path | None) -> None:
@@ -262,8 +286,15 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
             fh.flush()
             os.fsync(fh.fileno())
         finals.append((model_tmp, out_path))
-        for tmp, final in finals:
-            os.replace(tmp, final)
+        done = []
+        try:
+            for tmp, final in finals:
+                os.replace(tmp, final)
+                done.append(final)
+        except OSError:
+            for final in done:       # ours and incomplete without the rest: remove
+                final.unlink(missing_ok=True)
+            raise
         return [final for _, final in finals]
     except OSError as exc:
         raise AutocastError(f"cannot write output: {exc.strerror or exc}", str(out_path),

@@ -186,7 +186,12 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t
     if plan_out is not None:
-        result.plan.save(plan_out)
+        try:
+            result.plan.save(plan_out)
+        except AutocastError:
+            for written in result.output_files:   # all or nothing
+                Path(written).unlink(missing_ok=True)
+            raise
     timings["total"] = time.perf_counter() - start
     return result
 

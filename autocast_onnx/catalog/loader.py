@@ -153,6 +153,8 @@ class _Lines:
 
 def _merge(rules: RuleSet, path: Path) -> None:
     where = "rules/default.toml" if path == default_rules_path() else str(path)
+    if path.is_dir():
+        raise AutocastError("is a directory, not a rule file", where, "pass a .toml rule file")
     if not path.is_file():
         raise AutocastError("rule file not found", where, "check the --rules path")
     try:

@@ -72,11 +72,22 @@ def _validate_options(kw, settings=None):
 
     if settings is None:
         settings, _ = load_settings()
+    import math
+
     thresholds = Thresholds()
+    bounds = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-math.inf, math.inf),
+              "min_top1": (-math.inf, math.inf)}
     for key in ("atol", "rtol", "min_cosine", "min_top1"):
         value = kw.get(key)
         if value is None:
             value = settings.get(key, getattr(thresholds, key))
+        if value is not None:
+            low, high = bounds[key]
+            if not math.isfinite(value) or not low <= value <= high:
+                flag = "--" + key.replace("_", "-")
+                raise AutocastError(f"{flag} must be a finite number" + (" >= 0" if low == 0 else "")
+                                    + f", not {value!r}", flag,
+                                    "fix the threshold (command line or [tool.autocast-onnx])")
         setattr(thresholds, key, value)
     return ValidateOptions(inputs=kw.get("inputs"), dims=parse_assignments(kw.get("dims", ()), "dim"),
                            ranges=parse_ranges(kw.get("ranges", ())), batches=kw.get("batches", 1),
@@ -107,10 +118,10 @@ def _run_validation(reference, converted, kw, quiet=False) -> bool:
     from ..report.validation import validation_json, validation_text
     from ..validate.core import validate
 
+    from ..io import refuse_overwriting
+
     options = _validate_options(kw)
-    for flag in ("report_json", "report_html"):
-        if kw.get(flag) is not None and not Path(kw[flag]).parent.is_dir():
-            raise AutocastError("report folder does not exist", str(Path(kw[flag]).parent), "create it first")
+    refuse_overwriting([kw.get("report_json"), kw.get("report_html")], [reference, converted, options.inputs])
     report = validate(reference, converted, options, progress=_progress)
     if not quiet:
         click.echo(validation_text(report))
@@ -163,6 +174,11 @@ def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_
     def body():
         out = output or default_output_path(model, precision)
         options = _validate_options(validation)  # refuse bad validation flags before any work
+        if run_validate:
+            from ..io import refuse_overwriting
+
+            refuse_overwriting([validation.get("report_json"), validation.get("report_html")],
+                               [model, out, calibration_data, options.inputs])
         if run_validate and not options.inputs:
             from ..io import load_model as _load
             from ..validate.inputs import describe_inputs as _describe, plan_inputs as _plan
@@ -267,7 +283,10 @@ def lint(models, fmt, output, select, ignore, fail_on, precision, rules, config)
     from ..report.lint import lint_json, lint_text, sarif_json
 
     def body():
+        from ..io import refuse_overwriting
+
         settings, _ = load_settings(config=config)
+        refuse_overwriting([output], list(models))
         options = _lint_options(settings, select, ignore, fail_on, precision, rules)
         if len(models) > 1:
             # configuration suppressions are judged over all the models together
@@ -338,9 +357,9 @@ def explain(model, node, precision, rules, exclude_op, exclude_node, include_nod
 
             device, _ = runner.resolve_device("auto")
             ranges = calibrate(source, load_batches(calibration_data, describe_inputs(source)), device)
-        result = convert(source, precision=precision, rules=list(rules), exclude_ops=list(exclude_op),
+        result = convert(model, precision=precision, rules=list(rules), exclude_ops=list(exclude_op),
                          exclude_nodes=list(exclude_node), include_nodes=list(include_node), check="none",
-                         copy=False, calibration=ranges)
+                         calibration=ranges)
         entries = result.plan.by_name(node)
         if not entries and node.startswith("#") and node[1:].isdigit():
             entries = [e for e in result.plan.nodes if e.id == int(node[1:])]
@@ -367,6 +386,29 @@ def explain(model, node, precision, rules, exclude_op, exclude_node, include_nod
     run_guarded(body)
 
 
+def _check_steps(model, out, output, precision, options, vopts, skip_validate):
+    """lint -> convert -> lint -> validate, for `check`."""
+    from ..lint import lint as run_lint
+    from ..lint.engine import unused_config_suppressions
+    from ..pipeline import convert_file
+
+    before = run_lint(model, options)
+    converted = convert_file(model, out, precision=precision, rules=options.rules)
+    after = run_lint(out, options)
+    if output is None:
+        # the converted file is temporary: findings point at the model that was checked
+        after.model = str(model)
+        for d in after.diagnostics:
+            d.model = str(model)
+    after.diagnostics.extend(unused_config_suppressions([before, after], options))
+    validation_report = None
+    if not skip_validate:
+        from ..validate.core import validate
+
+        validation_report = validate(model, out, vopts, progress=_progress)
+    return before, after, converted, validation_report
+
+
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Keep the converted model here (default: a temporary file).")
@@ -391,8 +433,6 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
 
     from ..config import load_settings
     from ..io import write_text_atomic
-    from ..lint import lint as run_lint
-    from ..pipeline import convert_file
     from ..report.checkgate import check_summary, compare_baseline
     from ..report.lint import lint_dict, sarif_json
 
@@ -412,30 +452,22 @@ def check(model, output, precision, rules, select, ignore, fail_on, baseline, sa
             except (OSError, ValueError, KeyError, TypeError):
                 raise AutocastError("not a check report (--report-json of autocast-onnx check)", str(baseline),
                                     "write one with --report-json") from None
-        for target in (report_json, report_html, sarif):
-            if target is not None and not Path(target).resolve().parent.is_dir():
-                raise AutocastError("report folder does not exist", str(Path(target).parent), "create it first")
+        from ..io import refuse_overwriting
+
+        refuse_overwriting([report_json, report_html, sarif, output], [model, baseline, vopts.inputs])
         # configuration suppressions are judged over both lints: a finding the conversion removes
         # does not make its suppression "unused"
         options.report_unused_config = False
         with tempfile.TemporaryDirectory() as tmp:
             out = output or Path(tmp) / f"{Path(model).stem}.{precision}.onnx"
-            before = run_lint(model, options)
-            converted = convert_file(model, out, precision=precision, rules=options.rules)
-            after = run_lint(out, options)
-            if output is None:
-                # the converted file is temporary: findings point at the model that was checked
-                after.model = str(model)
-                for d in after.diagnostics:
-                    d.model = str(model)
-            from ..lint.engine import unused_config_suppressions
-
-            after.diagnostics.extend(unused_config_suppressions([before, after], options))
-            validation_report = None
-            if not skip_validate:
-                from ..validate.core import validate
-
-                validation_report = validate(model, out, vopts, progress=_progress)
+            existed = output is not None and Path(output).exists()
+            try:
+                before, after, converted, validation_report = _check_steps(
+                    model, out, output, precision, options, vopts, skip_validate)
+            except AutocastError:
+                if output is not None and not existed:
+                    Path(output).unlink(missing_ok=True)   # a failed gate leaves no converted model behind
+                raise
         report = {
             "schema_version": 1,
             "model": str(model),

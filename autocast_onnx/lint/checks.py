@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from ..diagnostics import Diagnostic
+from ..errors import AutocastError
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
 from ..graph import build_index
 from ..plan.classify import constant_array
@@ -35,6 +36,10 @@ class LintContext:
         else:
             self.low = BFLOAT16 if found == {BFLOAT16} else FLOAT16
         self.rules = list(rules)
+        if self.rules:
+            from ..catalog import load_rules
+
+            load_rules(self.rules)   # a broken rule file is the user's error, reported now
         self._plan = None
         self._patterns = None
 
@@ -61,7 +66,7 @@ class LintContext:
             precision = "fp16" if self.low == FLOAT16 else "bf16"
             try:
                 self._plan = convert(self.model, precision=precision, rules=self.rules, check="none").plan.precisions
-            except Exception:  # the plan is advisory here; lint must not fail on it
+            except AutocastError:  # e.g. an opset too old for bf16: nothing would be converted
                 self._plan = []
         if node.id >= len(self._plan):
             return None

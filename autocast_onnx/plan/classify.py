@@ -10,6 +10,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
+from ..errors import AutocastError
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..graph import GraphIndex, Value
@@ -244,6 +245,9 @@ def _category(rules, domain, op, node, warnings):
 
 def _template(index, rules, domain, op, n_in, n_out, target):
     sig = signatures.lookup(domain, op, index.opset(domain))
+    if sig is None and domain == "":
+        raise AutocastError(f"op '{op}' does not exist in the default ONNX domain at opset {index.opset('')}",
+                            index.where, "the model is corrupted or needs a newer onnx package")
     pin = rules.pins.get((domain, op))
     pins_in = pin.inputs if pin else ()
     pins_out = pin.outputs if pin else ()

@@ -49,9 +49,9 @@ def _load(model, label):
     return loaded.model, str(model), size
 
 
-def precision_by_op(model: onnx.ModelProto) -> dict:
+def precision_by_op(model: onnx.ModelProto, where: str = "<model>") -> dict:
     """op type -> {compute type: node count} of a model, read from its tensor types."""
-    index = build_index(model)
+    index = build_index(model, where)
     out: dict = {}
     for node in index.nodes:
         kind = "none"
@@ -94,7 +94,8 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     # From the file when there is one: serializing a large parsed model again costs seconds.
     ref_sess = runner.session(ref_path if ref_path else ref_model.SerializeToString(), device)
     if numerics == "emulate":
-        conv_sess = runner.session(emulation_model(conv_model).SerializeToString(), "cpu", optimize=False)
+        conv_sess = runner.session(emulation_model(conv_model, conv_path or "<converted>").SerializeToString(), "cpu",
+                                   optimize=False)
     else:
         conv_sess = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
     ref_names = [o.name for o in ref_sess.get_outputs()]
@@ -171,7 +172,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "passed": all(o["passed"] for o in outputs),
         "speed": speed,
         "speed_skipped": speed_skipped,
-        "precision_by_op": precision_by_op(conv_model),
+        "precision_by_op": precision_by_op(conv_model, conv_path or "<converted>"),
     }
 
 

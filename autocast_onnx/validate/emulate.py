@@ -31,11 +31,11 @@ from ..graph import build_index
 LOW = (FLOAT16, BFLOAT16)
 
 
-def emulation_model(model: onnx.ModelProto) -> onnx.ModelProto:
+def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.ModelProto:
     """An fp32 model that rounds like the given mixed-precision model would on a GPU."""
     emu = onnx.ModelProto()
     emu.CopyFrom(model)
-    index = build_index(emu)
+    index = build_index(emu, where)
     taken = set()
     for scope in index.scopes:
         taken.update(scope.values)

@@ -132,7 +132,7 @@ def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict |
 def _shape(spec: InputSpec, dims: dict) -> tuple:
     shape = []
     for k, d in enumerate(spec.dims):
-        if isinstance(d, int) and d > 0:
+        if isinstance(d, int) and d >= 0:      # a declared size, 0 included
             shape.append(d)
         elif isinstance(d, str):
             shape.append(dims[d])
@@ -141,9 +141,21 @@ def _shape(spec: InputSpec, dims: dict) -> tuple:
     return tuple(shape)
 
 
+GENERATED_LIMIT = 2**31   # bytes of generated inputs per batch
+
+
 def generate(plan: InputPlan, seed: int = 0) -> dict:
     """One batch of realistic inputs."""
     rng = np.random.default_rng(seed)
+    total = 0
+    for spec in plan.specs:
+        shape = _shape(spec, plan.dims)
+        total += int(np.prod(shape, dtype=np.float64)) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
+    if total > GENERATED_LIMIT:
+        biggest = max(plan.specs, key=lambda s: np.prod(_shape(s, plan.dims), dtype=np.float64))
+        raise AutocastError(f"generated inputs would take {total / 2**30:.3g} GiB (input '{biggest.name}' has shape "
+                            f"{list(_shape(biggest, plan.dims))})", "--inputs",
+                            "set smaller symbolic dimensions with --dim, or pass your own batches with --inputs")
     feeds = {}
     for spec in plan.specs:
         shape = _shape(spec, plan.dims)
