@@ -217,7 +217,9 @@ class GraphIndex:
                                                           f"{path}/{node.label}.{attr.name}[{k}]"))
                 node.subscopes = tuple(subs)
                 has_subgraphs = has_subgraphs or bool(subs)
-            if scope.sorted and not has_subgraphs:
+            # Inline typing only in the main graph: a body may read outer values that are typed
+            # later, so bodies are typed in _infer_types, in the order the outer graph runs.
+            if parent is None and scope.sorted and not has_subgraphs:
                 outs = node.outputs
                 key = (node.op, node.domain, len(in_values), len(outs))
                 rules = rule_cache.get(key)
@@ -243,7 +245,7 @@ class GraphIndex:
                             value.declared = dtype is not None
                         value.dtype = dtype
                     port += 1
-        scope.typed = scope.sorted and not has_subgraphs
+        scope.typed = parent is None and scope.sorted and not has_subgraphs
 
         for idx, vi in enumerate(graph.output):
             value = scope.resolve(vi.name)

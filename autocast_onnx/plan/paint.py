@@ -127,7 +127,8 @@ def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bo
                 paint_[i] = "A"
                 cause[i] = Reason("consumers-low", "clear op whose consumers all run in low precision")
         # Pass 5: type-setting nodes take the one type their consumers need.
-        if node.op in type_setting and node.domain in ("", "ai.onnx") and paint_[i] != "-" and seed[i] is None:
+        if (node.op in type_setting and node.domain in ("", "ai.onnx") and paint_[i] != "-" and seed[i] is None
+                and cat[i] == "C"):
             needs = set()
             for k, value in enumerate(node.outputs):
                 if roles_out[i][k] != "p":

@@ -107,8 +107,8 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
 
     main_inputs = set(index.main.inputs) if not keep_io else set()
     for value in main_inputs:
-        if value.dtype not in MIXABLE:
-            continue
+        if value.dtype not in MIXABLE or value.initializer is not None:
+            continue   # an input with a default (initializer) keeps the type of its default
         needs = {requirement(c, p, value) for c, p in value.consumers} - {None}
         if needs == {target} and not value.graph_outputs:
             new_type[value] = target
