@@ -110,7 +110,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in ref_names]
     loop = progress("comparing", len(batches)) if progress else None
     for k, feeds in enumerate(batches):
-        conv_feeds = {name: feeds[name].astype(_np_type(conv_specs[name].elem_type)) for name in feeds}
+        conv_feeds = runner.feeds_for(conv_sess, feeds)
         ref_out = runner.run(ref_sess, feeds)
         conv_out = runner.run(conv_sess, conv_feeds)
         for s, r, o in zip(stats, ref_out, conv_out):
@@ -130,7 +130,6 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     speed_skipped = None
     if options.speed:
         feeds = batches[0]
-        conv_feeds = {name: feeds[name].astype(_np_type(conv_specs[name].elem_type)) for name in feeds}
         real_conv = conv_sess
         if numerics != "plain":
             try:
@@ -141,7 +140,8 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
                                                  f"{device} as it is ({exc.what})"
     if options.speed and real_conv is not None:
         ref_lat = runner.latency(ref_sess, feeds, device, options.iterations, options.warmup)
-        conv_lat = runner.latency(real_conv, conv_feeds, device, options.iterations, options.warmup)
+        conv_lat = runner.latency(real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations,
+                                  options.warmup)
         batch = _batch_size(feeds)
         speed = {
             "device": device, "batch_size": batch,
@@ -174,10 +174,6 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "speed_skipped": speed_skipped,
         "precision_by_op": precision_by_op(conv_model, conv_path or "<converted>"),
     }
-
-
-def _np_type(elem_type):
-    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
 def _batch_size(feeds: dict) -> int:

@@ -66,10 +66,19 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
                 if value.initializer is not None:
                     _to_fp32(value.initializer)
                 if is_main:
-                    # the feed stays low precision; everything inside sees it as fp32 (exact)
+                    # fp16 feeds stay fp16 and everything inside sees them as fp32 (exact). bf16
+                    # feeds are declared fp32 (ONNX Runtime's Python API takes no bf16 arrays) and
+                    # rounded to bf16 first, as feeding them as bf16 would.
                     wide = fresh(f"{value.name}__emu_fp32")
-                    new_nodes.setdefault(scope.id, []).append(
-                        helper.make_node("Cast", [value.name], [wide], to=FLOAT))
+                    if low == BFLOAT16:
+                        _set_declared(graph.input, value.name, FLOAT)
+                        rounded = fresh(f"{value.name}__emu_bf16")
+                        new_nodes.setdefault(scope.id, []).extend([
+                            helper.make_node("Cast", [value.name], [rounded], to=BFLOAT16),
+                            helper.make_node("Cast", [rounded], [wide], to=FLOAT)])
+                    else:
+                        new_nodes.setdefault(scope.id, []).append(
+                            helper.make_node("Cast", [value.name], [wide], to=FLOAT))
                     for consumer, port in value.consumers:
                         consumer.proto.input[port] = wide
                     _retarget_outputs(graph, value.name, wide)
@@ -82,7 +91,11 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
             rounded_low = fresh(f"{value.name}__emu_{'fp16' if low == FLOAT16 else 'bf16'}")
             producer.proto.output[value.out_port] = raw
             chain = [helper.make_node("Cast", [raw], [rounded_low], to=low)]
-            if is_main and value.graph_outputs:
+            if is_main and value.graph_outputs and low == BFLOAT16:
+                # bf16 model outputs are given back as fp32 holding bf16 values (see inputs)
+                chain.append(helper.make_node("Cast", [rounded_low], [value.name], to=FLOAT))
+                _set_declared(graph.output, value.name, FLOAT)
+            elif is_main and value.graph_outputs:
                 # the model output keeps its declared low type; consumers read the fp32 copy
                 wide = fresh(f"{value.name}__emu_fp32")
                 chain.append(helper.make_node("Cast", [rounded_low], [value.name], to=low))

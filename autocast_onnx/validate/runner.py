@@ -52,6 +52,21 @@ def session(model_bytes: bytes | str, device: str, optimize: bool = True):
                             "check that the model runs in ONNX Runtime on its own") from None
 
 
+_NUMPY_OF = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+             "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+             "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
+def feeds_for(sess, feeds: dict) -> dict:
+    """`feeds` cast to the element types the session declares for its inputs."""
+    out = {}
+    for spec in sess.get_inputs():
+        value = feeds[spec.name]
+        want = _NUMPY_OF.get(spec.type)
+        out[spec.name] = value.astype(want) if want is not None and value.dtype != want else value
+    return out
+
+
 def run(sess, feeds: dict) -> list[np.ndarray]:
     try:
         return sess.run(None, feeds)
