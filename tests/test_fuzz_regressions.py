@@ -188,3 +188,51 @@ def test_layernorm_mean_output_has_a_type(precision, exclude_ops):
     assert plans["ln"].precision == "fp32"
     assert plans["matmul"].precision == precision
     assert plans["add"].precision == "fp32"
+
+
+# 6. Out-of-range default values of initializers that are also graph inputs -------------------------
+def masked_scores_with_overridable_constants(as_inputs: bool):
+    """y = Softmax(MatMul(x, W) + M): W holds one value beyond fp16 (7e4), M is a -1e9 attention
+    mask. With as_inputs, W and M are initializers AND graph inputs, as exporters wrote them before
+    IR version 4 (torch.onnx.export(keep_initializers_as_inputs=True)). Found by the fuzzer as:
+    Relu chain, MatMul by a weight with a 7e4 outlier that was also declared as a graph input, Tanh."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 8)) / 3).astype(np.float32)
+    w[0, 0] = 7e4
+    mask = np.zeros(8, np.float32)
+    mask[5:] = -1e9
+    nodes = [node("MatMul", ["x", "W"], ["mm"], "matmul"),
+             node("Add", ["mm", "M"], ["masked"], "mask_add"),
+             node("Softmax", ["masked"], ["y"], "softmax", axis=-1)]
+    inputs = [tensor("x", F32, [2, 8])] + ([tensor("W", F32, [8, 8]), tensor("M", F32, [8])] if as_inputs else [])
+    m = model(nodes, inputs, [tensor("y", F32, [2, 8])], [init("W", w), init("M", mask)])
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_data_rules_check_the_default_values_of_inputs(precision):
+    """Observed (fp16): when W and M are also graph inputs, classify sends only initializers and
+    Constant outputs through the data rules (value.kind == "initializer"), so neither 7e4 nor -1e9
+    is seen: MatMul and the mask Add are planned fp16, W is cast to fp16 at run time (7e4 -> inf)
+    and the emulated output is all NaN where the fp32 model's is finite. Without the graph-input
+    declarations the same model keeps both nodes fp32 ("data-range"). Expected: the same plan
+    either way (the default value is what runs unless the caller overrides it), and emulated
+    output equal to fp32 within fp16 rounding."""
+    from autocast_onnx.validate.emulate import emulation_model
+    import onnxruntime as ort
+
+    plain = autocast_onnx.convert(masked_scores_with_overridable_constants(False), precision=precision)
+    m = masked_scores_with_overridable_constants(True)
+    result = autocast_onnx.convert(m, precision=precision)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert {n.name: n.precision for n in result.plan.nodes} == {n.name: n.precision for n in plain.plan.nodes}
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (emu,) = ort.InferenceSession(emulation_model(result.model).SerializeToString(), so,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.isfinite(ref).all()
+    np.testing.assert_allclose(emu, ref, atol=2e-2)

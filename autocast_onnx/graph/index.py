@@ -386,7 +386,8 @@ class GraphIndex:
         rules = []
         special = _SPECIAL.get(op) if domain in ("", "ai.onnx") else None
         for port in range(n_outputs):
-            if special is not None and not (op == "QuantizeLinear" and port > 0):
+            if special is not None and not (op == "QuantizeLinear" and port > 0) \
+                    and not (op == "LayerNormalization" and port == 0):
                 rules.append(special)
             else:
                 rules.append(self._output_rule(domain, op, port, n_inputs))
@@ -501,7 +502,16 @@ def _quantize(node, port):
     return _FALLTHROUGH
 
 
+def _layernorm(node, port):
+    """Mean and InvStdDev (outputs 1, 2) have the type stash_type names (float by default)."""
+    if port == 0:
+        return _FALLTHROUGH
+    attr = _attr(node, "stash_type")
+    return attr.i if attr is not None else TensorProto.FLOAT
+
+
 _SPECIAL = {
+    "LayerNormalization": _layernorm,
     "Cast": _cast,
     "CastLike": _cast_like,
     "Constant": _constant,

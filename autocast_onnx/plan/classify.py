@@ -174,7 +174,7 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
             ri = cls.roles_in[nid]
             for i, value in enumerate(node.inputs):
                 if value is not None and ri[i] == "p" and value.dtype == FLOAT and (
-                        value.kind == "initializer" or (value.producer is not None and value.producer.op == "Constant")):
+                        value.initializer is not None or (value.producer is not None and value.producer.op == "Constant")):
                     pending_data.append((node, value))
         cls.reasons[nid] = reasons
 
@@ -279,7 +279,7 @@ def _template(index, rules, domain, op, n_in, n_out, target):
 
 def constant_array(value: Value):
     """The fp32 data of an initializer or Constant-node output, or None if not constant."""
-    if value.kind == "initializer":
+    if value.initializer is not None:     # an initializer, or the default of an input
         array = tensor_array(value.initializer, value.scope.base_dir)
         if value.initializer.data_type == BFLOAT16:
             return bf16_bits_to_float(array)
@@ -302,7 +302,7 @@ def _check_constants(values, target: int, thresholds) -> dict:
     out = {}
     sizes_in, owners = [], []
     for value in values:
-        tensor = value.initializer if value.kind == "initializer" else None
+        tensor = value.initializer
         if tensor is not None and (tensor.HasField("raw_data") or is_external(tensor)):
             size = tensor_nbytes(tensor)
             if size:
