@@ -236,3 +236,48 @@ def test_data_rules_check_the_default_values_of_inputs(precision):
                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert np.isfinite(ref).all()
     np.testing.assert_allclose(emu, ref, atol=2e-2)
+
+
+# 7. A Loop body reading, through a converter cast, a float16 input the author cast to float ------
+def loop_reads_author_cast_of_fp16_input():
+    """z (float16 input) -> Cast(to=FLOAT) -> zf; Loop(2) whose body computes v + MatMul(zf, W).
+    Found by the fuzzer as: a float16 graph input cast to float, Conv, nested Loops whose inner
+    body concatenates the cast input."""
+    body = helper.make_graph([node("MatMul", ["zf", "W"], ["mm"], "body_matmul"),
+                              node("Add", ["v", "mm"], ["v_out"], "body_add"),
+                              node("Identity", ["c"], ["c_out"], "body_cond")], "body",
+                             [tensor("i", TensorProto.INT64, []), tensor("c", TensorProto.BOOL, []),
+                              tensor("v", F32, [2, 8])],
+                             [tensor("c_out", TensorProto.BOOL, []), tensor("v_out", F32, [2, 8])])
+    nodes = [node("Cast", ["z"], ["zf"], "to_float", to=TensorProto.FLOAT),
+             node("Loop", ["trips", "", "zf"], ["y"], "loop", body=body)]
+    m = model(nodes, [tensor("z", TensorProto.FLOAT16, [2, 8])], [tensor("y", F32, [2, 8])],
+              [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)),
+               init("trips", np.array(2, np.int64))])
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_converted_loop_reading_a_cast_back_to_fp16_runs():
+    """Observed: the converter gives the body's MatMul its fp16 operand as zf_fp16 =
+    Cast(Cast(z, FLOAT), FLOAT16), defined in the main graph and read by the body as an outer
+    value. The model is valid (onnx.checker passes) and the fp32 original runs, but ONNX Runtime
+    1.31 fails at run time: "Non-zero status code returned while running MatMul node ... Missing
+    Input: zf_fp16". Its pass that removes a pair of casts that undo each other (fp16 -> fp32 ->
+    fp16 is exact) does not rename the implicit input of the Loop body; it does the same to any
+    such pair (float -> float -> float, float -> double -> float) read inside a body, even with
+    optimizations disabled. Expected: the converted model runs on ONNX Runtime's CPU provider
+    (e.g. the converter feeds the body the float16 tensor z itself instead of casting the exact
+    float copy of z back to float16) and matches the fp32 model."""
+    import onnxruntime as ort
+
+    m = loop_reads_author_cast_of_fp16_input()
+    result = autocast_onnx.convert(m, precision="fp16")
+    onnx.checker.check_model(result.model, full_check=True)
+    z = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float16)
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"z": z})
+    (out,) = ort.InferenceSession(result.model.SerializeToString(), so,
+                                  providers=["CPUExecutionProvider"]).run(None, {"z": z})
+    np.testing.assert_allclose(out, ref, atol=5e-2 * max(1.0, float(np.abs(ref).max())))

@@ -181,6 +181,14 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
                     # consumers wanting the original type read the graph output itself
                     wanted.pop(out_need)
             for need, users in wanted.items():
+                exact = _exact_source(value, need)
+                if exact is not None:
+                    # value = Cast(exact) widened exact to fp32: the consumers read exact itself
+                    # rather than a cast back (which would round-trip for nothing - and ONNX
+                    # Runtime's removal of such pairs breaks when a subgraph reads them)
+                    for consumer, port in users:
+                        consumer.proto.input[port] = exact.name
+                    continue
                 cast_out = names.fresh(f"{value.name}_{dtype_name(need)}")
                 place(value, cast_node(src_name, cast_out, need))
                 for consumer, port in users:
@@ -264,6 +272,18 @@ def _cast_bytes(src: str, dst: str, name: str, to: int) -> bytes:
 
 
 _SMALL_VARINTS = []
+
+
+def _exact_source(value, need):
+    """The tensor `value` was widened from by a Cast, when that tensor already has type `need`
+    (fp16/bf16 -> fp32 is exact, so casting back would give it again)."""
+    producer = value.producer
+    if producer is None or producer.op != "Cast" or producer.domain not in ("", "ai.onnx"):
+        return None
+    source = producer.inputs[0] if producer.inputs else None
+    if source is None or source.dtype != need or need not in (FLOAT16, BFLOAT16) or value.dtype != FLOAT:
+        return None
+    return source
 
 
 def _varint(n: int) -> bytes:
