@@ -1,40 +1,54 @@
 """Hypothesis strategies for the property-based tests (tests/test_properties.py).
 
 `onnx_models()` draws small, VALID fp32 ONNX models (ir_version 8, opset 17: they pass
-onnx.checker with full_check and run on ONNX Runtime's CPU provider) that mix every op category
-of rules/default.toml:
+onnx.checker with full_check and run on ONNX Runtime's CPU provider) built from random "steps",
+each a few nodes reading tensors made by earlier steps, so that every op category of
+rules/default.toml meets every other:
 
-  low_precision  MatMul, Gemm, Conv, attention (MatMul of two activations)
-  follow         Add, Sub, Mul, Div, Max, Min, Relu, LeakyRelu, Sigmoid, Tanh, Neg, Abs, Clip,
-                 Where, Greater, Less
-  keep_fp32      Softmax, LayerNormalization (with its Mean output sometimes), ReduceMean,
-                 ReduceSum, Exp of bounded values, Log of positive values, Pow, Sqrt of positive
-                 values, RMS normalization
-  clear          Reshape, Transpose, Identity, Concat, Slice, Squeeze, Unsqueeze, Gather with
-                 constant indices, Cast (author casts to FLOAT, FLOAT16 and DOUBLE)
+  low_precision  MatMul, Gemm, Conv, Einsum, attention (MatMul of two activations, scaled, masked)
+  follow         Add, Sub, Mul, Div, Max, Min, Sum, Relu, LeakyRelu, Sigmoid, Tanh, Neg, Abs, Clip
+                 (also with an omitted min), Erf, Softsign, HardSigmoid, HardSwish, Elu, Selu, Celu
+                 (float-only schema), Dropout, Where, Greater, Less, AveragePool,
+                 GlobalAveragePool
+  keep_fp32      Softmax, LayerNormalization (with its Mean/InvStdDev outputs sometimes),
+                 BatchNormalization, InstanceNormalization, ReduceMean/Sum/Max/Min/L2/SumSquare,
+                 Exp of bounded values, Log and Sqrt of positive values, Pow, Reciprocal, Sin, Cos,
+                 Softplus, CumSum, Mean, EyeLike, RMS normalization
+  clear          Reshape, Transpose, Identity, Concat, Slice, Split, Squeeze, Unsqueeze, Gather with
+                 constant indices and as an embedding lookup, Pad, Expand, Tile, Flatten, MaxPool,
+                 ArgMax, CastLike, Cast (author casts to FLOAT, FLOAT16 and DOUBLE and back), fp16
+                 regions written by the author (fp16 ops and an fp16 initializer between casts)
   non_float      Shape, ConstantOfShape, Cast to int and back, comparisons feeding Where
-  control flow   If (both branches read outer-scope tensors and weights) and Loop (loop-carried
-                 value, outer-scope reads, an optional scan output, the iteration counter)
+  control flow   If (branches read outer-scope tensors and weights), Loop (trip count and/or a
+                 condition computed in the body, one or two loop-carried values, an optional scan
+                 output, the iteration counter), Scan; bodies nest two deep
 
 and the structures that have broken mixed-precision converters before: tensors with several
-consumers and binary ops joining branches, initializers shared by several consumers (a low and a
-keep_fp32 consumer among them: a MatMul weight that is also a Softmax input, a bias that is also a
-LayerNormalization scale), constants near the fp16 limits (6e4, 7e4, 1e-8, 1e-12 epsilons, -1e9,
--6e4 and -3.4e38 attention masks), constants given as Constant nodes instead of initializers,
-graph outputs that are also consumed inside the graph, outputs straight from an initializer or
-from the graph input, dead branches, and value_info filled in by shape inference.
+consumers and binary ops joining branches; initializers shared by several consumers (a low and a
+keep_fp32 consumer among them: a MatMul weight that is also a Softmax input or an embedding
+table, a bias that is also a LayerNormalization scale), in the main graph and in bodies;
+constants near the fp16 limits (6e4, 65504, 7e4, 1e5, 1e8, 1e-8, 1e-9, 1e-12 epsilons, -1e4,
+-6e4, -1e9, -3.4e38 and -inf masks, weights with one out-of-range value or with values that
+flush to zero); constants as Constant nodes (value, value_float, value_floats) or initializers
+(raw bytes or typed fields); graph outputs that are also consumed inside the graph, outputs
+straight from an initializer, a Constant node or the graph input, a float16 graph output, a
+pinned fp32 output; an initializer that is also a graph input; float16 and int64 graph inputs;
+symbolic dimensions; unnamed nodes; tensor names the converter would pick for its own casts
+(NAME_fp16, ...); dead branches; value_info from shape inference, or none.
 
 Numerical design. Every float tensor a step leaves for later steps (the "pool") has a proven
 bound on |value| (computed from the actual weights and input data), and a step whose result
-would exceed LIMIT is followed by a squashing op (Tanh, Sigmoid, Clip, LayerNormalization,
-Softmax, RMS normalization). So no tensor that a correct converter may put in fp16 can overflow
-fp16, and the converted model must match the fp32 model to within low-precision rounding. Values
-beyond the fp16 range (7e4, -1e9 masks, 1e-8 and 1e-12 epsilons) occur only as constants whose
-consumers the data rules must keep fp32, in patterns that bring the result back into range
-(Mul by 7e4 then Div by 7e4; mask then Softmax). The generator avoids what no converter can make
-exact without data: discontinuous functions of tensors computed in low precision (a comparison
-or an int cast of such a tensor can flip on a rounding difference), so comparisons read the
-exact fp32 graph inputs or feed a Where whose branches agree at the threshold.
+would exceed LIMIT is followed by squashing ops (Tanh, Sigmoid, Clip, LayerNormalization,
+Softmax, RMS normalization) until it does not. So no tensor that a correct converter may put in
+fp16 can overflow fp16, and the converted model must match the fp32 model to within
+low-precision rounding. Values beyond the fp16 range occur only in constants whose consumers the
+data rules must keep fp32, in patterns that bring the result back into range (Mul by 7e4 then
+Div by 7e4; a mask then Softmax). The generator avoids what no converter can make exact without
+data, so that a failure is a converter bug and not fp16 arithmetic:
+  * discontinuous functions of tensors computed in low precision: comparisons and int casts read
+    the exact fp32 graph inputs, or feed a Where whose branches agree at the threshold;
+  * a fully masked row under an additive mask within the fp16 range (see additive_mask);
+  * Softmax as the squashing op of values above 1e3 (bf16 rounds a logit of 1e5 by 256).
 """
 
 from __future__ import annotations
@@ -259,9 +273,21 @@ class _Builder:
         return Tensor(self.op("Div", [t.name, den]), float(np.sqrt(D)))
 
     # ---- steps: each returns a new pool tensor of shape S --------------------------------
+    def moved(self, w, wa):
+        """The weight as it is, or passed through a clear op first (exporters often write
+        MatMul(x, Transpose(W)))."""
+        via = self.draw(st.sampled_from([None, None, "Transpose", "Identity", "Reshape"]))
+        if via == "Transpose":
+            return self.op("Transpose", [w], perm=[1, 0]), wa.T
+        if via == "Identity":
+            return self.op("Identity", [w]), wa
+        if via == "Reshape":
+            return self.op("Reshape", [w, self.i64(list(wa.shape), "wshape")]), wa
+        return w, wa
+
     def s_matmul(self):
         t = self.pick()
-        w, wa = self.weight((D, D), 1 / np.sqrt(D))
+        w, wa = self.moved(*self.weight((D, D), 1 / np.sqrt(D)))
         out, bound = self.op("MatMul", [t.name, w]), t.bound * _colsum(wa)
         if self.draw(st.booleans()):
             b, ba = self.weight((D,), 0.5)
@@ -831,7 +857,7 @@ class _Builder:
         saved_nodes, saved_pool = self.nodes, self.pool
         self.nodes, self.depth = [], self.depth + 1
         self.pool = [p for p in saved_pool if p.name not in self.no_outer]
-        w, wa = self.weight((D, D), 1 / np.sqrt(D))
+        w, _ = self.weight((D, D), 1 / np.sqrt(D))
         mixed = self.op("Add", [state, self.op("MatMul", [row, w])])
         state_out = self.op("Clip", [self.op("Tanh", [mixed]) if self.draw(st.booleans()) else mixed,
                                      self.f32(-4.0, "lo"), self.f32(4.0, "hi")])

@@ -281,3 +281,41 @@ def test_converted_loop_reading_a_cast_back_to_fp16_runs():
     (out,) = ort.InferenceSession(result.model.SerializeToString(), so,
                                   providers=["CPUExecutionProvider"]).run(None, {"z": z})
     np.testing.assert_allclose(out, ref, atol=5e-2 * max(1.0, float(np.abs(ref).max())))
+
+
+# 8. An out-of-range constant that reaches a low-precision op through a clear op ------------------
+@pytest.mark.parametrize("via", ["Transpose", "Identity", "Reshape"])
+def test_out_of_range_weight_through_a_clear_op_keeps_the_matmul_fp32(via):
+    """y = MatMul(x, via(W)) where W holds one value beyond the fp16 range (7e4). Found by
+    validate's generated inputs during the fuzzing (NaN in an attention output): a weight of the
+    activations' shape with a 7e4 outlier, Transpose, MatMul, scaled and masked scores, Softmax.
+    Observed: the data rule keeps the clear op fp32 ("data-range"), but the MatMul it feeds is
+    planned fp16, so its operand is cast to fp16 at run time (7e4 -> inf) and the emulated output
+    is inf/NaN where the fp32 model's is finite. With MatMul(x, W) the MatMul itself is kept fp32.
+    Expected: a constant that only passes through clear ops (Transpose, Identity, Reshape, ...) is
+    judged by the data rules at the op that computes with it: the MatMul stays fp32, and the
+    emulated output is finite and matches fp32."""
+    from autocast_onnx.validate.emulate import emulation_model
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 8)) / 3).astype(np.float32)
+    w[0, 0] = 7e4
+    attrs = {"perm": [1, 0]} if via == "Transpose" else {}
+    inputs = ["W", "shape"] if via == "Reshape" else ["W"]
+    nodes = [node(via, inputs, ["w_moved"], "move", **attrs), node("MatMul", ["x", "w_moved"], ["y"], "matmul")]
+    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
+              [init("W", w), init("shape", np.array([8, 8], np.int64))])
+    onnx.checker.check_model(m, full_check=True)
+    result = autocast_onnx.convert(m, precision="fp16")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert {n.name: n.precision for n in result.plan.nodes}["matmul"] == "fp32"
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (emu,) = ort.InferenceSession(emulation_model(result.model).SerializeToString(), so,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.isfinite(ref).all() and np.isfinite(emu).all()
+    np.testing.assert_allclose(emu, ref, rtol=1e-2, atol=1e-2 * float(np.abs(ref).max()))

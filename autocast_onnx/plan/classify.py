@@ -198,7 +198,40 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
         elif cls.seed[nid] != "deny":
             cls.seed[nid] = "deny"
             cls.reasons[nid].append(Reason(kind, message, value=measured))
+    _propagate_range_through_clear_ops(cls, pending_data, verdicts)
     return cls
+
+
+def _propagate_range_through_clear_ops(cls, pending_data, verdicts) -> None:
+    """A clear op (Transpose, Reshape, Identity, ...) passes an out-of-range constant on
+    unchanged: whatever reads its output in low precision would overflow too. Such readers of
+    any category stay fp32, with the constant named in the reason."""
+    stack = []
+    for node, value in pending_data:
+        verdict = verdicts.get(id(value))
+        if verdict is not None and verdict[0] == "data-range" and cls.cat[node.id] == "C":
+            stack.append((node, value, verdict))
+    seen = set()
+    while stack:
+        node, source, verdict = stack.pop()
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        ro = cls.roles_out[node.id]
+        for k, out in enumerate(node.outputs):
+            if out is None or ro[k] != "p":
+                continue
+            for consumer, port in out.consumers:
+                j = consumer.id
+                if cls.roles_in[j][port] not in "pa" or cls.cat[j] in "NX":
+                    continue
+                if cls.cat[j] == "C":
+                    stack.append((consumer, source, verdict))
+                if cls.seed[j] in ("deny", "allow"):
+                    continue
+                cls.seed[j] = "deny"
+                cls.reasons[j].append(Reason("data-range", f"reads '{source.name}' through {node.op} "
+                                             f"({node.label}): {verdict[1]}", value=verdict[2]))
 
 
 def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
