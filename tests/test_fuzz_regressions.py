@@ -319,3 +319,61 @@ def test_out_of_range_weight_through_a_clear_op_keeps_the_matmul_fp32(via):
                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert np.isfinite(ref).all() and np.isfinite(emu).all()
     np.testing.assert_allclose(emu, ref, rtol=1e-2, atol=1e-2 * float(np.abs(ref).max()))
+
+
+# 9. An out-of-range constant that enters a Loop/Scan body as a loop-carried or scanned input -----
+def body_matmul_on_constant_entering_a_body(kind):
+    """Loop(1 trip) carrying S, or Scan over the rows of S; the body computes MatMul(value, W)
+    and returns it. S (an initializer of the activations' shape) holds one value beyond fp16
+    (7e4); the products stay within fp16 (|y| <= 1.3e4)."""
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((2, 8)).astype(np.float32)
+    s[0, 0] = 7e4
+    w = (rng.standard_normal((8, 8)) / 3).astype(np.float32)
+    if kind == "Loop":
+        body = helper.make_graph([node("MatMul", ["v", "W"], ["mm"], "body_matmul"),
+                                  node("Identity", ["mm"], ["v_out"], "body_out"),
+                                  node("Identity", ["c"], ["c_out"], "body_cond")], "body",
+                                 [tensor("i", TensorProto.INT64, []), tensor("c", TensorProto.BOOL, []),
+                                  tensor("v", F32, [2, 8])],
+                                 [tensor("c_out", TensorProto.BOOL, []), tensor("v_out", F32, [2, 8])])
+        nodes = [node("Loop", ["trips", "", "S"], ["y"], "loop", body=body)]
+    else:
+        body = helper.make_graph([node("MatMul", ["row", "W"], ["mm"], "body_matmul"),
+                                  node("Identity", ["mm"], ["out"], "body_out"),
+                                  node("Identity", ["st"], ["st_out"], "body_state")], "body",
+                                 [tensor("st", F32, [8]), tensor("row", F32, [8])],
+                                 [tensor("st_out", F32, [8]), tensor("out", F32, [8])])
+        nodes = [node("Scan", ["s0", "S"], ["st_final", "y"], "scan", body=body, num_scan_inputs=1)]
+    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
+              [init("S", s), init("W", w), init("trips", np.array(1, np.int64)), init("s0", np.zeros(8, np.float32))])
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+@pytest.mark.parametrize("kind", ["Loop", "Scan"])
+def test_out_of_range_constant_entering_a_body_keeps_its_consumer_fp32(kind):
+    """Found by the fuzzer as: Scan over a weight of the activations' shape holding 7e4, Tanh
+    (shrunk; the Loop form is the same defect). Observed: the body's MatMul is planned fp16 and
+    its operand, the constant's slice or copy, is cast to fp16 inside the body (7e4 -> inf): the
+    emulated output is +-inf where the fp32 model gives values within +-1.3e4. The data rules see
+    only constants that feed a node directly; here the constant reaches the MatMul through the
+    Loop's loop-carried input (the Scan's scanned input). Expected: the body's MatMul stays fp32
+    (like MatMul(S, W) in the main graph, which the data rule keeps fp32) and the emulated output
+    matches fp32."""
+    from autocast_onnx.validate.emulate import emulation_model
+    import onnxruntime as ort
+
+    m = body_matmul_on_constant_entering_a_body(kind)
+    result = autocast_onnx.convert(m, precision="fp16")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert {n.name: n.precision for n in result.plan.nodes}["body_matmul"] == "fp32"
+    x = np.zeros((2, 8), np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (emu,) = ort.InferenceSession(emulation_model(result.model).SerializeToString(), so,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.isfinite(ref).all() and np.isfinite(emu).all()
+    np.testing.assert_allclose(emu, ref, rtol=1e-2, atol=1e-2 * float(np.abs(ref).max()))

@@ -198,40 +198,59 @@ def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), 
         elif cls.seed[nid] != "deny":
             cls.seed[nid] = "deny"
             cls.reasons[nid].append(Reason(kind, message, value=measured))
-    _propagate_range_through_clear_ops(cls, pending_data, verdicts)
+    _propagate_range_through_clear_ops(cls, pending_data, verdicts, index, target, thresholds)
     return cls
 
 
-def _propagate_range_through_clear_ops(cls, pending_data, verdicts) -> None:
+def _propagate_range_through_clear_ops(cls, pending_data, verdicts, index=None, target=None,
+                                       thresholds=None) -> None:
     """A clear op (Transpose, Reshape, Identity, ...) passes an out-of-range constant on
-    unchanged: whatever reads its output in low precision would overflow too. Such readers of
-    any category stay fp32, with the constant named in the reason."""
-    stack = []
+    unchanged, and so does a Loop or Scan that takes it as a loop-carried or scanned input: whatever
+    reads the copy in low precision would overflow too. Such readers of any category stay fp32,
+    with the constant named in the reason."""
+    work = []
     for node, value in pending_data:
         verdict = verdicts.get(id(value))
-        if verdict is not None and verdict[0] == "data-range" and cls.cat[node.id] == "C":
-            stack.append((node, value, verdict))
+        if verdict is not None and verdict[0] == "data-range":
+            work.append((value, value, verdict, None))
+    if index is not None:
+        # constants that go straight into a control-flow node never reach the data rules above
+        direct = {}
+        for node in index.nodes:
+            if node.subscopes and node.op in ("Loop", "Scan"):
+                for value in node.inputs:
+                    if value is not None and value.dtype == FLOAT and (
+                            value.initializer is not None or
+                            (value.producer is not None and value.producer.op == "Constant")):
+                        direct[id(value)] = value
+        for vid, verdict in _check_constants(direct.values(), target, thresholds).items():
+            if verdict[0] == "data-range":
+                work.append((direct[vid], direct[vid], verdict, None))
     seen = set()
-    while stack:
-        node, source, verdict = stack.pop()
-        if node.id in seen:
+    while work:
+        value, source, verdict, via = work.pop()
+        if id(value) in seen:
             continue
-        seen.add(node.id)
-        ro = cls.roles_out[node.id]
-        for k, out in enumerate(node.outputs):
-            if out is None or ro[k] != "p":
+        seen.add(id(value))
+        for consumer, port in value.consumers:
+            j = consumer.id
+            if cls.cat[j] == "X":
+                for sub in consumer.subscopes:
+                    if consumer.op in ("Loop", "Scan") and port < len(sub.inputs) and (consumer.op == "Scan" or port >= 2):
+                        work.append((sub.inputs[port], source, verdict, consumer))
                 continue
-            for consumer, port in out.consumers:
-                j = consumer.id
-                if cls.roles_in[j][port] not in "pa" or cls.cat[j] in "NX":
-                    continue
-                if cls.cat[j] == "C":
-                    stack.append((consumer, source, verdict))
-                if cls.seed[j] in ("deny", "allow"):
-                    continue
-                cls.seed[j] = "deny"
-                cls.reasons[j].append(Reason("data-range", f"reads '{source.name}' through {node.op} "
-                                             f"({node.label}): {verdict[1]}", value=verdict[2]))
+            if cls.roles_in[j][port] not in "pa" or cls.cat[j] == "N":
+                continue
+            if cls.cat[j] == "C":
+                ro = cls.roles_out[j]
+                for k, out in enumerate(consumer.outputs):
+                    if out is not None and ro[k] == "p":
+                        work.append((out, source, verdict, consumer))
+            if via is None or cls.seed[j] in ("deny", "allow"):
+                continue   # direct readers were judged by the data rules already
+            cls.seed[j] = "deny"
+            cls.reasons[j].append(Reason("data-range", f"reads '{source.name}' through {via.op} "
+                                         f"({via.label}): {verdict[1]}", value=verdict[2]))
 
 
 def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
