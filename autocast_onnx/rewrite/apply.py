@@ -351,16 +351,8 @@ def convert_array(data: np.ndarray, src: int, dst: int, clamp: bool = False):
     raise InternalCheckError(f"cannot convert to {dst}")
 
 
-def _tensor_array(tensor: TensorProto) -> np.ndarray:
-    if tensor.data_type == BFLOAT16:
-        if tensor.HasField("raw_data"):
-            return np.frombuffer(tensor.raw_data, dtype="<u2").reshape(tuple(tensor.dims))
-        return np.asarray(tensor.int32_data, dtype=np.uint16).reshape(tuple(tensor.dims))
-    return numpy_helper.to_array(tensor)
-
-
 def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool, stats) -> TensorProto:
-    raw, clamped = convert_array(_tensor_array(tensor), tensor.data_type, dst, clamp)
+    raw, clamped = convert_array(tensor_array(tensor, None), tensor.data_type, dst, clamp)
     stats.clamped_values += clamped
     out = TensorProto()
     out.name = name
