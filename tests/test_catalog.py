@@ -10,19 +10,16 @@ from autocast_onnx.catalog import CATEGORIES, load_rules
 from autocast_onnx.catalog.loader import default_rules_path
 from autocast_onnx.errors import AutocastError
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "onnx_op_categories.csv"
+REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "onnx_op_categories.csv"
 DEFAULT = default_rules_path()
 
 
 def reference_rows():
-    if REFERENCE.is_file():
-        return list(csv.DictReader(REFERENCE.open()))
-    # The reference table sits beside the checkout in development and CI; its op list is what
-    # the default profile must cover. Without it, fall back to the schemas onnx itself knows.
-    import onnx.defs
-
-    return [{"onnx_op": s.name, "domain": s.domain or "ai.onnx"} for s in onnx.defs.get_all_schemas()
-            if s.domain in ("", "ai.onnx.ml")]
+    # The table is vendored in reference/: a missing table is a broken checkout, not a reason
+    # to check against something weaker.
+    assert REFERENCE.is_file(), f"{REFERENCE} is missing"
+    with REFERENCE.open(encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
 
 
 def test_default_profile_covers_every_reference_op_once():

@@ -24,7 +24,7 @@ from autocast_onnx.cli.main import cli
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RESNET = ROOT / "examples" / "models" / "resnet_tiny.onnx"
-SARIF_SCHEMA = Path(__file__).resolve().parents[2] / "shared" / "reference" / "sarif-schema-2.1.0.json"
+SARIF_SCHEMA = Path(__file__).resolve().parents[1] / "reference" / "sarif-schema-2.1.0.json"
 FAST = ("--no-speed",)
 
 

@@ -11,8 +11,8 @@ lint.sarif, after replacing the model's temporary path with <MODEL> and the tool
 which rewrites the golden files and then compares against what it wrote; review
 the diff of tests/golden/ before committing it.
 
-The SARIF output is validated against the official SARIF 2.1.0 schema, which CI keeps in
-../shared/reference/ beside the repository; the JSON output against docs/lint-report.schema.json.
+The SARIF output is validated against the official SARIF 2.1.0 schema, vendored in
+reference/; the JSON output against docs/lint-report.schema.json.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ GPT2 = MODELS / "gpt2_tiny.onnx"
 RESNET = MODELS / "resnet_tiny.onnx"
 DEFAULT_RULES = ROOT / "rules" / "default.toml"
 LINT_SCHEMA = ROOT / "docs" / "lint-report.schema.json"
-SARIF_SCHEMA = Path(__file__).resolve().parents[2] / "shared" / "reference" / "sarif-schema-2.1.0.json"
+SARIF_SCHEMA = Path(__file__).resolve().parents[1] / "reference" / "sarif-schema-2.1.0.json"
 UPDATE_GOLDEN = os.environ.get("AUTOCAST_ONNX_UPDATE_GOLDEN") == "1"
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 

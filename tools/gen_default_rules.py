@@ -1,6 +1,6 @@
 """Regenerate rules/default.toml from the shared op reference table.
 
-The table (../shared/reference/onnx_op_categories.csv) records, for every op of
+The table (reference/onnx_op_categories.csv, vendored in the repository) records, for every op of
 ai.onnx, ai.onnx.ml, ai.onnx.preview(.training) and com.microsoft, what other
 mixed-precision systems do with it and a suggested category. This script turns it
 into the default rule profile; OVERRIDES below are the places where the project
@@ -101,7 +101,7 @@ def port_indices(domain, op, names, direction, signatures):
 
 
 def main() -> None:
-    csv_path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared/reference/onnx_op_categories.csv"
+    csv_path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "reference/onnx_op_categories.csv"
     rows = list(csv.DictReader(csv_path.open()))
     signatures = json.loads((ROOT / "autocast_onnx/data/ort_signatures.json").read_text())
     by_cat = {c: [] for c in CATEGORY_OF.values()}
