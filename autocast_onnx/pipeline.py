@@ -14,11 +14,10 @@ from pathlib import Path
 import onnx
 
 from .catalog import load_rules
-from .dtypes import PRECISION_OF
 from .errors import AutocastError
 from .graph import build_index
 from .io import LoadedModel, check_output_path, load_model, save_model, tensor_nbytes
-from .plan import PrecisionPlan, classify, global_order, paint
+from .plan import Precision, PrecisionPlan, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
 
@@ -103,15 +102,16 @@ def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp1
 
 def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exclude_ops, exclude_nodes,
                     include_nodes, check, timings, calibration=None, force_fp32=None) -> ConversionResult:
-    if precision not in ("fp16", "bf16"):
-        raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16")
-    target = PRECISION_OF[precision]
+    try:
+        target = Precision.target(precision)
+    except ValueError:
+        raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16") from None
     where = str(loaded.path) if loaded.path else "<model>"
     model = loaded.model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is not None and opset < MIN_OPSET[precision]:
-        raise AutocastError(f"default-domain opset {opset} cannot express {precision} casts "
-                            f"(needs opset >= {MIN_OPSET[precision]})", where,
+    if opset is not None and opset < MIN_OPSET[target]:
+        raise AutocastError(f"default-domain opset {opset} cannot express {target} casts "
+                            f"(needs opset >= {MIN_OPSET[target]})", where,
                             "upgrade the model with onnx.version_converter first; autocast-onnx does not "
                             "change the opset itself")
     rule_set = load_rules(list(rules))
@@ -123,12 +123,12 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
         bytes_before = _initializer_bytes(index)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
-        cls = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
-                       include_nodes=incl_nodes, ranges=calibration, force_fp32=force_fp32)
-        plan = paint(index, cls, target, keep_io_types, rule_set.files, order=global_order(index))
+        classification = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
+                                  include_nodes=incl_nodes, ranges=calibration, force_fp32=force_fp32)
+        plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
         timings["plan"] = time.perf_counter() - t
         t = time.perf_counter()
-        stats = apply_plan(index, plan, cls)
+        stats = apply_plan(index, plan)
         timings["apply"] = time.perf_counter() - t
         bytes_after = bytes_before + stats.initializer_bytes_delta
     if check not in CHECKS:

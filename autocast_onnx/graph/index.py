@@ -10,6 +10,7 @@ writer can emit it sorted.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import onnx
@@ -17,6 +18,8 @@ from onnx import AttributeProto, TensorProto
 
 from ..errors import AutocastError
 from . import signatures
+
+log = logging.getLogger(__name__)
 
 NONTENSOR = -1  # sequences, maps, optionals: never converted
 GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling",
@@ -123,9 +126,25 @@ class GraphIndex:
 
     # ---- construction -------------------------------------------------------------------
     def _build_scope(self, graph, parent, owner, attr_name, path) -> Scope:
+        """Index one graph (and, recursively, its subgraphs) in four passes."""
         scope = Scope(len(self.scopes), graph, parent, owner, attr_name, path, self.base_dir)
         self.scopes.append(scope)
-        values = scope.values
+        self._declare_values(scope)
+        self._record_nodes(scope)
+        has_subgraphs = self._resolve_inputs(scope)
+        # Inline typing only in a sorted main graph without subgraphs: a body may read outer values
+        # that are typed later, so bodies are typed in _infer_types, in the order the outer graph runs.
+        if parent is None and scope.sorted and not has_subgraphs:
+            self._type_in_order(scope)
+            scope.typed = True
+        self._bind_outputs(scope)
+        log.debug("index %s: %d nodes, %d values, sorted=%s", path, len(scope.nodes), len(scope.values), scope.sorted)
+        return scope
+
+    def _declare_values(self, scope: Scope) -> None:
+        """Pass 1: graph inputs, initializers (an initializer named like an input is that input's
+        default) and declared types from value_info and outputs."""
+        graph, values, path = scope.graph, scope.values, scope.path
         for vi in graph.input:
             value = Value(vi.name, scope, "input", _type_of(vi))
             values[vi.name] = value
@@ -152,13 +171,15 @@ class GraphIndex:
             if vi.name not in scope.value_info:
                 scope.value_info[vi.name] = _type_of(vi)
 
-        # Pass 1: record nodes and the values they define. Fields are read from the protobuf once,
-        # in bulk: attribute access on protobuf messages dominates the cost of large graphs.
-        nodes = scope.nodes
-        all_nodes = self.nodes
-        base = len(all_nodes)
-        protos = list(graph.node)
+    def _record_nodes(self, scope: Scope) -> None:
+        """Pass 2: a Node per NodeProto and a Value per output it defines. Fields are read from the
+        protobuf once, in bulk: attribute access on protobuf messages dominates the cost of large
+        graphs."""
+        values = scope.values
+        base = len(self.nodes)
+        protos = list(scope.graph.node)
         fields = [(p.op_type, p.domain, p.input[:], p.output[:]) for p in protos]
+        nodes = scope.nodes
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names = fields[pos]
             node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
@@ -176,14 +197,15 @@ class GraphIndex:
                 port += 1
             node.outputs = out_values
             nodes.append(node)
-        all_nodes.extend(nodes)
+        self.nodes.extend(nodes)
 
-        # Pass 2: resolve inputs, check order; in a sorted graph without subgraphs, type each node's
-        # outputs on the way (its producers are typed already).
-        declared = scope.value_info
-        rule_cache = self._port_rule_cache
+    def _resolve_inputs(self, scope: Scope) -> bool:
+        """Pass 3: each input name becomes its Value (outer scopes resolved lexically), consumers
+        are recorded, out-of-order reads mark the graph unsorted, and subgraphs are indexed.
+        Returns whether any node has subgraphs."""
+        values, parent = scope.values, scope.parent
         has_subgraphs = False
-        for node in nodes:
+        for node in scope.nodes:
             in_values = []
             port = 0
             pos = node.pos
@@ -197,7 +219,7 @@ class GraphIndex:
                     value = scope.resolve(name) if parent is not None else None
                     if value is None:
                         raise AutocastError(f"node {node.label} reads tensor '{name}', which nothing produces",
-                                            self.where + ("" if parent is None else f" (subgraph {path})"),
+                                            self.where + ("" if parent is None else f" (subgraph {scope.path})"),
                                             "the graph is broken: re-export it")
                 elif value.producer is not None and value.producer.scope is scope and value.producer.pos >= pos:
                     scope.sorted = False
@@ -206,55 +228,63 @@ class GraphIndex:
                 port += 1
             node.inputs = in_values
             if node.op in GRAPH_ATTR_OPS or node.domain not in KNOWN_NO_GRAPH_DOMAINS:
-                subs = []
-                for attr in node.proto.attribute:
-                    if attr.type == AttributeProto.GRAPH:
-                        subs.append(self._build_scope(attr.g, scope, node, attr.name,
-                                                      f"{path}/{node.label}.{attr.name}"))
-                    elif attr.type == AttributeProto.GRAPHS:
-                        for k, sub in enumerate(attr.graphs):
-                            subs.append(self._build_scope(sub, scope, node, attr.name,
-                                                          f"{path}/{node.label}.{attr.name}[{k}]"))
-                node.subscopes = tuple(subs)
-                has_subgraphs = has_subgraphs or bool(subs)
-            # Inline typing only in the main graph: a body may read outer values that are typed
-            # later, so bodies are typed in _infer_types, in the order the outer graph runs.
-            if parent is None and scope.sorted and not has_subgraphs:
-                outs = node.outputs
-                key = (node.op, node.domain, len(in_values), len(outs))
-                rules = rule_cache.get(key)
-                if rules is None:
-                    rules = rule_cache[key] = self._port_rules(node.domain, node.op, len(in_values), len(outs))
-                port = 0
-                for value in outs:
-                    if value is not None:
-                        rule = rules[port]
-                        if rule.__class__ is int:
-                            dtype = rule
-                        elif rule.__class__ is tuple:
-                            dtype = None
-                            for i in rule:
-                                source = in_values[i]
-                                if source is not None and source.dtype is not None:
-                                    dtype = source.dtype
-                                    break
-                        else:
-                            dtype = rule(node, port)
-                        if dtype is None:
-                            dtype = declared.get(value.name)
-                            value.declared = dtype is not None
-                        value.dtype = dtype
-                    port += 1
-        scope.typed = parent is None and scope.sorted and not has_subgraphs
+                node.subscopes = self._build_subscopes(scope, node)
+                has_subgraphs = has_subgraphs or bool(node.subscopes)
+        return has_subgraphs
 
-        for idx, vi in enumerate(graph.output):
+    def _build_subscopes(self, scope: Scope, node: Node) -> tuple:
+        subs = []
+        for attr in node.proto.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                subs.append(self._build_scope(attr.g, scope, node, attr.name, f"{scope.path}/{node.label}.{attr.name}"))
+            elif attr.type == AttributeProto.GRAPHS:
+                for k, sub in enumerate(attr.graphs):
+                    subs.append(self._build_scope(sub, scope, node, attr.name,
+                                                  f"{scope.path}/{node.label}.{attr.name}[{k}]"))
+        return tuple(subs)
+
+    def _type_in_order(self, scope: Scope) -> None:
+        """Pass 4 (sorted main graph without subgraphs): each node's output types from its op's
+        typing rules, in graph order, so every producer is typed before its consumers."""
+        declared = scope.value_info
+        rule_cache = self._port_rule_cache
+        for node in scope.nodes:
+            in_values = node.inputs
+            outs = node.outputs
+            key = (node.op, node.domain, len(in_values), len(outs))
+            rules = rule_cache.get(key)
+            if rules is None:
+                rules = rule_cache[key] = self._port_rules(node.domain, node.op, len(in_values), len(outs))
+            port = 0
+            for value in outs:
+                if value is not None:
+                    rule = rules[port]
+                    if rule.__class__ is int:
+                        dtype = rule
+                    elif rule.__class__ is tuple:
+                        dtype = None
+                        for i in rule:
+                            source = in_values[i]
+                            if source is not None and source.dtype is not None:
+                                dtype = source.dtype
+                                break
+                    else:
+                        dtype = rule(node, port)
+                    if dtype is None:
+                        dtype = declared.get(value.name)
+                        value.declared = dtype is not None
+                    value.dtype = dtype
+                port += 1
+
+    def _bind_outputs(self, scope: Scope) -> None:
+        """Graph outputs: each names the Value it exposes (possibly an outer or input value)."""
+        for idx, vi in enumerate(scope.graph.output):
             value = scope.resolve(vi.name)
             if value is None:
                 raise AutocastError(f"graph output '{vi.name}' is produced by nothing", self.where,
                                     "the graph is broken: re-export it")
             value.graph_outputs += ((scope, idx),)
             scope.outputs.append(value)
-        return scope
 
     # ---- order ------------------------------------------------------------------------
     def _order_and_type_all(self) -> None:
@@ -325,17 +355,8 @@ class GraphIndex:
                 if indeg[j] == 0:
                     ready.append(j)
         if len(order) != len(nodes):
-            import networkx as nx
-
-            graph = nx.DiGraph()
-            for node in nodes:
-                for p in preds(node):
-                    graph.add_edge(p.label, node.label)
-            try:
-                cycle = [edge[0] for edge in nx.find_cycle(graph)]
-            except nx.NetworkXNoCycle:  # pragma: no cover - Kahn's algorithm said there is one
-                cycle = []
-            raise AutocastError("the graph has a cycle: " + " -> ".join(cycle[:8] + cycle[:1]),
+            cycle = _find_cycle([node for node in nodes if indeg[node.pos] > 0], preds)
+            raise AutocastError("the graph has a cycle: " + " -> ".join(n.label for n in cycle + cycle[:1]),
                                 self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
                                 "ONNX graphs must be acyclic; re-export the model")
         return order
@@ -410,6 +431,22 @@ class GraphIndex:
     # ---- helpers ------------------------------------------------------------------------
     def opset(self, domain: str = "") -> int | None:
         return self.opsets.get("" if domain == "ai.onnx" else domain)
+
+
+def _find_cycle(stuck: list, preds) -> list:
+    """A cycle among the nodes Kahn's algorithm could not order, in graph order (at most 8 nodes
+    shown). Every such node has a predecessor that is also stuck, so walking predecessors from any
+    of them must come back to a node already seen."""
+    stuck_ids = {id(n) for n in stuck}
+    path, seen_at = [], {}
+    node = stuck[0]
+    while id(node) not in seen_at:
+        seen_at[id(node)] = len(path)
+        path.append(node)
+        node = next(p for p in preds(node) if id(p) in stuck_ids)
+    cycle = path[seen_at[id(node)]:]
+    cycle.reverse()
+    return cycle[:8]
 
 
 def _type_of(value_info) -> int | None:

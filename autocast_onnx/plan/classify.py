@@ -4,6 +4,7 @@ that fire on its constant inputs. Reads only; produces arrays for the painter.""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,9 +17,9 @@ from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..graph import GraphIndex, Value
 from ..graph import signatures
 from .model import Reason
+from .vocab import Category, PortRole, Precision, Seed
 
-CAT_CODE = {"low_precision": "L", "follow": "F", "keep_fp32": "K", "clear": "C", "non_float": "N"}
-CAT_NAME = {v: k for k, v in CAT_CODE.items()} | {"X": "control_flow"}
+log = logging.getLogger(__name__)
 
 # Inputs whose type never matters to the op (only shape or value passes through a cast).
 ANY_INPUTS = {
@@ -29,203 +30,300 @@ ANY_INPUTS = {
 DTYPE_ATTR_OPS = {"Cast", "EyeLike", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform",
                   "Bernoulli", "ConstantOfShape", "Constant"}
 
+_FOLLOW, _FP32, _NONE, _UNKNOWN, _ANY, _OWN = (PortRole.FOLLOW, PortRole.FP32, PortRole.NONE, PortRole.UNKNOWN,
+                                               PortRole.ANY, PortRole.OWN)
+# categories whose nodes read constants in the plan's precision (the data rules look at those)
+_ARITHMETIC = Category.LOW_PRECISION + Category.FOLLOW + Category.CLEAR
+_UNPLANNED = Category.NON_FLOAT + Category.CONTROL_FLOW
+
 
 @dataclass
 class Classification:
-    cat: list                   # per node id: L F K C N X
-    roles_in: list              # per node id: string of role chars, one per input
-    roles_out: list
-    seed: list                  # per node id: None, "deny", "allow" (forced) from rules/data
-    reasons: list               # per node id: list[Reason]
-    pins_in: list
+    """What classification says of every node, in arrays indexed by node id. Painting reads it;
+    the plan carries the port roles on to the rewrite."""
+
+    categories: list            # Category per node
+    roles_in: list              # per node: a string of PortRole codes, one per input
+    roles_out: list             # per node: a string of PortRole codes, one per output
+    seeds: list                 # per node: a Seed, or None when nothing fixed its paint
+    reasons: list               # per node: list[Reason]
+    pins_in: list               # per node: input ports pinned fp32 by a rule file
     pins_out: list
-    warnings: list = field(default_factory=list)
-    clamp: dict = field(default_factory=dict)      # initializer name -> why
-    flush_notes: dict = field(default_factory=dict)  # value id -> (message)
-    frozen: list = None
+    frozen: list                # per node: True when a float port has an unknown type
+    warnings: list = field(default_factory=list)       # (code, message, node label)
+    clamp: dict = field(default_factory=dict)           # initializer name -> why (forced low)
+    flush_notes: dict = field(default_factory=dict)     # id(value) -> (value, message)
+
+    @classmethod
+    def empty(cls, n: int) -> Classification:
+        return cls(categories=[None] * n, roles_in=[None] * n, roles_out=[None] * n, seeds=[None] * n,
+                   reasons=[None] * n, pins_in=[()] * n, pins_out=[()] * n, frozen=[False] * n)
 
 
-def classify(index: GraphIndex, rules: RuleSet, target: int, *, exclude_ops=(), exclude_nodes=(),
+def classify(index: GraphIndex, rules: RuleSet, target: Precision, *, exclude_ops=(), exclude_nodes=(),
              include_nodes=(), ranges=None, force_fp32=None) -> Classification:
-    """Categories, port roles and rule/data seeds of every node. `ranges` (tensor name ->
-    TensorRange from calibration) adds measured-range seeds; `force_fp32` (node id -> Reason)
-    keeps chosen nodes fp32 (the accuracy search uses it)."""
-    n = len(index.nodes)
-    cls = Classification(cat=[None] * n, roles_in=[None] * n, roles_out=[None] * n, seed=[None] * n,
-                         reasons=[None] * n, pins_in=[()] * n, pins_out=[()] * n, frozen=[False] * n)
-    templates: dict = {}
-    node_rules = rules.node_rules
-    has_name_rules = bool(node_rules or exclude_nodes or include_nodes)
-    excl_ops = set(exclude_ops)
-    thresholds = rules.thresholds
-    category_of: dict = {}    # (domain, op) -> (category code, shared Reason)
-    pending_data = []         # (node, port, value) whose constant input must pass the data rules
+    """Categories, port roles and rule/data seeds of every node, in five passes:
+
+      1. categories from the rule files (control-flow nodes are CONTROL_FLOW);
+      2. port roles from the op schema and the rule files' pins; unknown types freeze a node,
+         a schema without the target type seeds SCHEMA;
+      3. node-name rules and command-line selections seed DENY or ALLOW;
+      4. calibration ranges (`ranges`, tensor name -> TensorRange) seed DENY;
+      5. data rules: out-of-range and flushing constants seed DENY, also through clear ops.
+
+    `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it)."""
+    target = Precision.target(target)
+    result = Classification.empty(len(index.nodes))
+    _assign_categories(index, rules, result)
+    planned = _assign_port_roles(index, rules, target, result)
+    _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
+    if ranges:
+        _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
+    pending = _apply_data_rules(planned, target, rules.thresholds, result)
+    _propagate_range_through_clear_ops(result, pending, index, target, rules.thresholds)
+    return result
+
+
+def _assign_categories(index: GraphIndex, rules: RuleSet, result: Classification) -> None:
+    """Pass 1: each node's category from the rule files, looked up once per op type.
+
+        MatMul -> LOW_PRECISION, Softmax -> KEEP_FP32, If -> CONTROL_FLOW, MyCustomOp -> unknown_op"""
     control_reason = Reason("control-flow", "control flow: its subgraphs are planned node by node; "
                             "its own inputs and outputs keep their types")
+    category_of: dict = {}    # (domain, op) -> (Category, shared Reason)
+    categories, reasons = result.categories, result.reasons
+    for node in index.nodes:
+        if node.subscopes:
+            categories[node.id] = Category.CONTROL_FLOW
+            reasons[node.id] = [control_reason]
+            continue
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        known = category_of.get((domain, node.op))
+        if known is None:
+            known = category_of[(domain, node.op)] = _category(rules, domain, node.op, node, result.warnings)
+        categories[node.id] = known[0]
+        reasons[node.id] = [known[1]]
+    log.debug("classify pass 1 (categories): %d nodes, %d op types", len(index.nodes), len(category_of))
+
+
+def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, result: Classification) -> list:
+    """Pass 2: the PortRole of every input and output. Returns the nodes that painting decides
+    (a float port follows the node's precision; not frozen).
+
+        Resize(x, roi, scales) at fp16 -> roles "pff" (rule-file pins) out "p"
+        Cast(to=FLOAT)(h16)          -> roles "a" out "p"   (the author's cast back may be retargeted)
+        If(cond)                     -> roles "x" out "o"   (control flow keeps its types)"""
+    target_type = target.elem_type
+    templates: dict = {}
+    planned = []
+    categories, seeds, reasons = result.categories, result.seeds, result.reasons
     for node in index.nodes:
         nid = node.id
+        cat = categories[nid]
         domain = "" if node.domain == "ai.onnx" else node.domain
         op = node.op
-        if node.subscopes:
-            cat, first = "X", control_reason
-        else:
-            known = category_of.get((domain, op))
-            if known is None:
-                known = category_of[(domain, op)] = _category(rules, domain, op, node, cls.warnings)
-            cat, first = known
-        reasons = [first]
-        cls.cat[nid] = cat
-
-        # Port roles.
         key = (domain, op, len(node.inputs), len(node.outputs))
         tmpl = templates.get(key)
         if tmpl is None:
-            tmpl = templates[key] = _template(index, rules, domain, op, len(node.inputs), len(node.outputs), target)
+            tmpl = templates[key] = _template(index, rules, domain, op, len(node.inputs), len(node.outputs),
+                                              target_type)
         t_in, t_out, pins_in, pins_out = tmpl
+        control = cat == Category.CONTROL_FLOW
+        unplanned = cat in _UNPLANNED
         roles_in = []
         unknown = False
         for i, value in enumerate(node.inputs):
             if value is None:
-                roles_in.append("x")
+                roles_in.append(_NONE)
                 continue
             dt = value.dtype
             if dt in MIXABLE:
-                roles_in.append("o" if cat == "X" else t_in[i])
-            elif dt is None and t_in[i] == "p" and cat not in "NX":
-                roles_in.append("u")
+                roles_in.append(_OWN if control else t_in[i])
+            elif dt is None and t_in[i] == _FOLLOW and not unplanned:
+                roles_in.append(_UNKNOWN)
                 unknown = True
             else:
-                roles_in.append("x")
+                roles_in.append(_NONE)
         roles_out = []
+        is_cast = op == "Cast" and domain == ""
         for i, value in enumerate(node.outputs):
             if value is None:
-                roles_out.append("x")
+                roles_out.append(_NONE)
                 continue
             dt = value.dtype
-            if op == "Cast" and domain == "":
+            if is_cast:
                 # Only an fp32 cast is the author's "back to float" and may be retargeted; an explicit
                 # cast to fp16/bf16 is a deliberate rounding and keeps its type.
-                roles_out.append("p" if dt == FLOAT else ("o" if dt in MIXABLE else "x"))
+                roles_out.append(_FOLLOW if dt == FLOAT else (_OWN if dt in MIXABLE else _NONE))
             elif dt in MIXABLE:
-                roles_out.append("o" if cat == "X" else t_out[i])
-            elif dt is None and t_out[i] == "p" and cat not in "NX":
-                roles_out.append("u")
+                roles_out.append(_OWN if control else t_out[i])
+            elif dt is None and t_out[i] == _FOLLOW and not unplanned:
+                roles_out.append(_UNKNOWN)
                 unknown = True
             else:
-                roles_out.append("x")
-        cls.roles_in[nid] = "".join(roles_in)
-        cls.roles_out[nid] = "".join(roles_out)
-        cls.pins_in[nid] = pins_in
-        cls.pins_out[nid] = pins_out
+                roles_out.append(_NONE)
+        ri = result.roles_in[nid] = "".join(roles_in)
+        ro = result.roles_out[nid] = "".join(roles_out)
+        result.pins_in[nid] = pins_in
+        result.pins_out[nid] = pins_out
         if unknown:
-            cls.frozen[nid] = True
-            reasons.append(Reason("unknown-type", "a float-capable input or output has no known type; "
-                                  "the node keeps its types and nothing is cast around it"))
-            cls.warnings.append(("unknown-type", f"node {node.label} ({op}) has tensors of unknown type; "
-                                 "it is left as it is", node.label))
-        if cat in "NX" or unknown:
-            cls.reasons[nid] = reasons
+            result.frozen[nid] = True
+            reasons[nid].append(Reason("unknown-type", "a float-capable input or output has no known type; "
+                                       "the node keeps its types and nothing is cast around it"))
+            result.warnings.append(("unknown-type", f"node {node.label} ({op}) has tensors of unknown type; "
+                                    "it is left as it is", node.label))
             continue
-        ports = cls.roles_in[nid] + cls.roles_out[nid]
-        if "p" not in ports:
-            if "f" in ports and "p" not in t_in + t_out and cat != "K":
-                cls.seed[nid] = "schema"
-                reasons.append(Reason("schema", f"the schema of {op} at opset {index.opset(domain)} has no "
-                                      f"{dtype_name(target)} for this node's tensors"))
-            cls.reasons[nid] = reasons
+        if unplanned:
             continue
+        if _FOLLOW not in ri and _FOLLOW not in ro:
+            if (_FP32 in ri or _FP32 in ro) and _FOLLOW not in t_in + t_out and cat != Category.KEEP_FP32:
+                seeds[nid] = Seed.SCHEMA
+                reasons[nid].append(Reason("schema", f"the schema of {op} at opset {index.opset(domain)} has no "
+                                           f"{target} for this node's tensors"))
+            continue
+        planned.append(node)
+    log.debug("classify pass 2 (port roles): %d nodes planned, %d frozen", len(planned), sum(result.frozen))
+    return planned
 
-        # Node-name and command-line rules (later overrides earlier; exclude beats include).
+
+def _apply_selections(planned, node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32,
+                      result: Classification) -> None:
+    """Pass 3: `[[nodes]]` rules, then --include-node, --exclude-node, --exclude-op and the accuracy
+    search's forced nodes; a later one overrides an earlier one, so exclusion beats inclusion.
+
+        node "attn/softmax_in" matching [[nodes]] match="attn/" precision="fp32" -> Seed.DENY"""
+    excl_ops = set(exclude_ops)
+    if not (node_rules or exclude_nodes or include_nodes or excl_ops or force_fp32):
+        return
+    seeds, reasons = result.seeds, result.reasons
+    count = 0
+    for node in planned:
+        name = node.name
+        op = node.op
         forced = None
-        if has_name_rules:
-            name = node.name
-            for rule in node_rules:
-                if rule.matches(name, op):
-                    forced = ("deny" if rule.precision == "fp32" else "allow",
-                              Reason("node-rule", f"node rule forces {rule.precision}"
-                                     + (f": {rule.why}" if rule.why else ""), str(rule.source)))
-            for pattern in include_nodes:
-                if pattern.search(name):
-                    forced = ("allow", Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
-            for pattern in exclude_nodes:
-                if pattern.search(name):
-                    forced = ("deny", Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
+        for rule in node_rules:
+            if rule.matches(name, op):
+                forced = (Seed.DENY if rule.precision == "fp32" else Seed.ALLOW,
+                          Reason("node-rule", f"node rule forces {rule.precision}"
+                                 + (f": {rule.why}" if rule.why else ""), str(rule.source)))
+        for pattern in include_nodes:
+            if pattern.search(name):
+                forced = (Seed.ALLOW, Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
+        for pattern in exclude_nodes:
+            if pattern.search(name):
+                forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
+        domain = "" if node.domain == "ai.onnx" else node.domain
         if op in excl_ops or f"{domain}:{op}" in excl_ops:
-            forced = ("deny", Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
-        if force_fp32 and nid in force_fp32:
-            forced = ("deny", force_fp32[nid])
+            forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
+        if force_fp32 and node.id in force_fp32:
+            forced = (Seed.DENY, force_fp32[node.id])
         if forced is not None:
-            cls.seed[nid] = forced[0]
-            reasons.append(forced[1])
+            seeds[node.id] = forced[0]
+            reasons[node.id].append(forced[1])
+            count += 1
+    log.debug("classify pass 3 (selections): %d nodes seeded by rules and flags", count)
 
-        if ranges and cat in "LFC" and node.scope is index.main:
-            measured = _calibration_verdict(node, cls.roles_in[nid], cls.roles_out[nid], ranges, target, thresholds)
-            if measured is not None:
-                if cls.seed[nid] == "allow":
-                    cls.warnings.append(("calibration", f"node {node.label}: {measured.message}; forced to "
-                                         f"{dtype_name(target)} anyway", node.label))
-                    reasons.append(measured)
-                elif cls.seed[nid] != "deny":
-                    cls.seed[nid] = "deny"
-                    reasons.append(measured)
 
-        # Constant inputs that would be converted go through the data rules (batched below).
-        if cat in "LFC" and cls.seed[nid] != "deny":
-            ri = cls.roles_in[nid]
-            for i, value in enumerate(node.inputs):
-                if value is not None and ri[i] == "p" and value.dtype == FLOAT and (
-                        value.initializer is not None or (value.producer is not None and value.producer.op == "Constant")):
-                    pending_data.append((node, value))
-        cls.reasons[nid] = reasons
+def _apply_calibration(index, planned, ranges, target: Precision, thresholds, result: Classification) -> None:
+    """Pass 4: a node of the main graph holding a tensor that left the target type's safe range on
+    the calibration data is seeded DENY (a node forced low keeps it and gets a warning).
 
-    verdicts = _check_constants({id(v): v for _, v in pending_data}.values(), target, thresholds)
-    for node, value in pending_data:
+        fc2 (MatMul) with max |fc2_out| = 1.9e5 on the data -> Seed.DENY, reason "calibration" """
+    seeds, reasons = result.seeds, result.reasons
+    count = 0
+    for node in planned:
+        nid = node.id
+        if result.categories[nid] not in _ARITHMETIC or node.scope is not index.main:
+            continue
+        measured = _calibration_verdict(node, result.roles_in[nid], result.roles_out[nid], ranges,
+                                        target.elem_type, thresholds)
+        if measured is None:
+            continue
+        if seeds[nid] == Seed.ALLOW:
+            result.warnings.append(("calibration", f"node {node.label}: {measured.message}; forced to "
+                                    f"{target} anyway", node.label))
+            reasons[nid].append(measured)
+        elif seeds[nid] != Seed.DENY:
+            seeds[nid] = Seed.DENY
+            reasons[nid].append(measured)
+            count += 1
+    log.debug("classify pass 4 (calibration): %d nodes kept fp32 by measured ranges", count)
+
+
+def _apply_data_rules(planned, target: Precision, thresholds, result: Classification) -> list:
+    """Pass 5: constants a node would convert (fp32 initializers and Constant outputs at a FOLLOW
+    port) go through the data rules in one vectorised batch. Returns the (node, value) pairs
+    checked, for the propagation through clear ops.
+
+        Add(scores, mask) with mask = -3.4e38             -> Seed.DENY, reason "data-range"
+        Add(var, eps) with eps = 1e-12 at fp16             -> Seed.DENY, reason "data-flush"
+        the same under a rule forcing fp16                 -> converted, clamped, with a warning"""
+    seeds, reasons = result.seeds, result.reasons
+    pending = []
+    for node in planned:
+        nid = node.id
+        if result.categories[nid] not in _ARITHMETIC or seeds[nid] == Seed.DENY:
+            continue
+        ri = result.roles_in[nid]
+        for i, value in enumerate(node.inputs):
+            if value is not None and ri[i] == _FOLLOW and value.dtype == FLOAT and is_constant(value):
+                pending.append((node, value))
+    target_type = target.elem_type
+    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds)
+    count = 0
+    for node, value in pending:
         verdict = verdicts.get(id(value))
         if verdict is None:
             continue
         nid = node.id
         kind, message, measured = verdict
         if kind == "note":
-            cls.flush_notes[id(value)] = (value, message)
+            result.flush_notes[id(value)] = (value, message)
             continue
-        if cls.seed[nid] == "allow":
-            cls.reasons[nid].append(Reason(kind, f"{message}; converted anyway because a rule forces low "
-                                           "precision", value=measured))
+        if seeds[nid] == Seed.ALLOW:
+            reasons[nid].append(Reason(kind, f"{message}; converted anyway because a rule forces low "
+                                       "precision", value=measured))
             if value.kind == "initializer":
-                cls.clamp[value.name] = message
-            cls.warnings.append((kind, f"node {node.label}: {message}, forced to "
-                                 f"{dtype_name(target)} (values are clamped to the finite range)", node.label))
-        elif cls.seed[nid] != "deny":
-            cls.seed[nid] = "deny"
-            cls.reasons[nid].append(Reason(kind, message, value=measured))
-    _propagate_range_through_clear_ops(cls, pending_data, verdicts, index, target, thresholds)
-    return cls
+                result.clamp[value.name] = message
+            result.warnings.append((kind, f"node {node.label}: {message}, forced to "
+                                    f"{target} (values are clamped to the finite range)", node.label))
+        elif seeds[nid] != Seed.DENY:
+            seeds[nid] = Seed.DENY
+            reasons[nid].append(Reason(kind, message, value=measured))
+            count += 1
+    log.debug("classify pass 5 (data rules): %d constants checked, %d nodes kept fp32", len(pending), count)
+    return [(node, value, verdicts.get(id(value))) for node, value in pending]
 
 
-def _propagate_range_through_clear_ops(cls, pending_data, verdicts, index=None, target=None,
-                                       thresholds=None) -> None:
-    """A clear op (Transpose, Reshape, Identity, ...) passes an out-of-range constant on
-    unchanged, and so does a Loop or Scan that takes it as a loop-carried or scanned input: whatever
-    reads the copy in low precision would overflow too. Such readers of any category stay fp32,
-    with the constant named in the reason."""
+def is_constant(value: Value) -> bool:
+    """An initializer (or an input's default) or the output of a Constant node."""
+    return value.initializer is not None or (value.producer is not None and value.producer.op == "Constant")
+
+
+def _propagate_range_through_clear_ops(result: Classification, checked, index: GraphIndex, target: Precision,
+                                       thresholds) -> None:
+    """Pass 5, continued. A clear op (Transpose, Reshape, Identity, ...) passes an out-of-range
+    constant on unchanged, and so does a Loop or Scan that takes it as a loop-carried or scanned
+    input: whatever reads the copy in low precision would overflow too. Such readers of any
+    category stay fp32, with the constant named in the reason.
+
+        mask(-3.4e38) -> Transpose -> Add(scores, .)   the Add -> Seed.DENY "reads 'mask' through Transpose" """
     work = []
-    for node, value in pending_data:
-        verdict = verdicts.get(id(value))
+    for _, value, verdict in checked:
         if verdict is not None and verdict[0] == "data-range":
             work.append((value, value, verdict, None))
-    if index is not None:
-        # constants that go straight into a control-flow node never reach the data rules above
-        direct = {}
-        for node in index.nodes:
-            if node.subscopes and node.op in ("Loop", "Scan"):
-                for value in node.inputs:
-                    if value is not None and value.dtype == FLOAT and (
-                            value.initializer is not None or
-                            (value.producer is not None and value.producer.op == "Constant")):
-                        direct[id(value)] = value
-        for vid, verdict in _check_constants(direct.values(), target, thresholds).items():
+    # constants that go straight into a control-flow node never reach the data rules above
+    direct = {}
+    for node in index.nodes:
+        if node.subscopes and node.op in ("Loop", "Scan"):
+            for value in node.inputs:
+                if value is not None and value.dtype == FLOAT and is_constant(value):
+                    direct[id(value)] = value
+    if direct:
+        for vid, verdict in _check_constants(direct.values(), target.elem_type, thresholds).items():
             if verdict[0] == "data-range":
                 work.append((direct[vid], direct[vid], verdict, None))
+    categories, seeds = result.categories, result.seeds
     seen = set()
     while work:
         value, source, verdict, via = work.pop()
@@ -234,23 +332,23 @@ def _propagate_range_through_clear_ops(cls, pending_data, verdicts, index=None, 
         seen.add(id(value))
         for consumer, port in value.consumers:
             j = consumer.id
-            if cls.cat[j] == "X":
+            if categories[j] == Category.CONTROL_FLOW:
                 for sub in consumer.subscopes:
                     if consumer.op in ("Loop", "Scan") and port < len(sub.inputs) and (consumer.op == "Scan" or port >= 2):
                         work.append((sub.inputs[port], source, verdict, consumer))
                 continue
-            if cls.roles_in[j][port] not in "pa" or cls.cat[j] == "N":
+            if result.roles_in[j][port] not in (_FOLLOW + _ANY) or categories[j] == Category.NON_FLOAT:
                 continue
-            if cls.cat[j] == "C":
-                ro = cls.roles_out[j]
+            if categories[j] == Category.CLEAR:
+                ro = result.roles_out[j]
                 for k, out in enumerate(consumer.outputs):
-                    if out is not None and ro[k] == "p":
+                    if out is not None and ro[k] == _FOLLOW:
                         work.append((out, source, verdict, consumer))
-            if via is None or cls.seed[j] in ("deny", "allow"):
+            if via is None or seeds[j] in (Seed.DENY, Seed.ALLOW):
                 continue   # direct readers were judged by the data rules already
-            cls.seed[j] = "deny"
-            cls.reasons[j].append(Reason("data-range", f"reads '{source.name}' through {via.op} "
-                                         f"({via.label}): {verdict[1]}", value=verdict[2]))
+            seeds[j] = Seed.DENY
+            result.reasons[j].append(Reason("data-range", f"reads '{source.name}' through {via.op} "
+                                            f"({via.label}): {verdict[1]}", value=verdict[2]))
 
 
 def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
@@ -262,7 +360,7 @@ def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
     ports = [(v, r) for v, r in zip(node.inputs, roles_in)] + [(v, r) for v, r in zip(node.outputs, roles_out)]
     worst = None
     for value, role in ports:
-        if value is None or role != "p":
+        if value is None or role != _FOLLOW:
             continue
         measured = ranges.get(value.name)
         if measured is None:
@@ -282,20 +380,22 @@ def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
     return Reason("calibration", message, "rules/default.toml [thresholds] calibration_headroom", value=v)
 
 
-def _category(rules, domain, op, node, warnings):
+def _category(rules, domain, op, node, warnings) -> tuple[Category, Reason]:
     op_rule = rules.ops.get((domain, op))
     if op_rule is not None:
-        return CAT_CODE[op_rule.category], Reason(
+        return Category.from_rule_name(op_rule.category), Reason(
             "op-category", f"{op} is in category {op_rule.category}: {op_rule.why}", str(op_rule.source))
     qualified = f"{domain}:{op}" if domain else op
     warnings.append(("unknown-op", f"op {qualified} is not in any rule file; its nodes are "
                      f"{rules.unknown_op.category}", node.label))
-    return CAT_CODE[rules.unknown_op.category], Reason(
+    return Category.from_rule_name(rules.unknown_op.category), Reason(
         "unknown-op", f"no rule names {qualified}; unknown ops are {rules.unknown_op.category}",
         str(rules.unknown_op.source))
 
 
-def _template(index, rules, domain, op, n_in, n_out, target):
+def _template(index, rules, domain, op, n_in, n_out, target: int):
+    """The roles an op's ports take from its schema and the rule files' pins, before the
+    tensors' actual types are known: (roles_in, roles_out, pinned inputs, pinned outputs)."""
     sig = signatures.lookup(domain, op, index.opset(domain))
     if sig is None and domain == "":
         raise AutocastError(f"op '{op}' does not exist in the default ONNX domain at opset {index.opset('')}",
@@ -305,24 +405,24 @@ def _template(index, rules, domain, op, n_in, n_out, target):
     pins_out = pin.outputs if pin else ()
     any_in = ANY_INPUTS.get((domain, op), False)
 
-    def role(param, pinned):
+    def role(param, pinned) -> PortRole:
         if pinned:
-            return "f"
+            return _FP32
         if sig is None or param is None:
-            return "p"
+            return _FOLLOW
         allowed = sig.allowed(param)
         if allowed is None or target in allowed:
-            return "p"
+            return _FOLLOW
         if FLOAT in allowed:
-            return "f"
-        return "x"
+            return _FP32
+        return _NONE
 
     t_in = []
     for i in range(n_in):
         if any_in is None or (any_in and i in any_in):
             # The type does not matter to the op, but its schema must still admit it.
             allowed = sig.allowed(sig.input_param(i)) if sig is not None else None
-            t_in.append("f" if allowed is not None and target not in allowed and FLOAT in allowed else "a")
+            t_in.append(_FP32 if allowed is not None and target not in allowed and FLOAT in allowed else _ANY)
         else:
             t_in.append(role(sig.input_param(i) if sig else None, i in pins_in))
     t_out = [role(sig.output_param(i) if sig else None, i in pins_out) for i in range(n_out)]

@@ -1,19 +1,36 @@
-"""The precision plan: pure data saying, for every node, which precision it computes in and
-why. Classification and painting produce it; `rewrite` applies it; reports, `--plan-out`
-and later `explain` read it. It round-trips through JSON."""
+"""The precision plan: pure data saying, for every node, which precision it computes in, why,
+and what each of its ports does with that precision. Classification and painting produce it;
+`rewrite.apply_plan(index, plan)` applies it and needs nothing else; reports, `--plan-out`,
+`explain` and `convert --plan` read it. It round-trips through JSON, and a plan written to a
+file carries the fingerprint of the model it belongs to, so an edited plan can be replayed
+on that model and refused on any other.
+
+Plan JSON, version 2 (see docs/architecture.md):
+
+    {"version": 2, "target": "fp16", "keep_io_types": true, "model_fingerprint": "...",
+     "vocabulary": {...legend of the codes...}, "rule_files": [...], "summary": {...},
+     "warnings": [...], "clamp_initializers": {...},
+     "nodes": [{"id": 0, "name": "...", "op_type": "MatMul", "domain": "", "graph": "main",
+                "category": "low_precision", "precision": "fp16", "roles_in": "pp", "roles_out": "p",
+                "reasons": [...]}, ...]}
+
+Of a node entry, replay reads `precision` (which a user may edit) and checks `id`, `name`,
+`op_type`, `graph`, `roles_in` and `roles_out` against the model; the rest documents the plan.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_VERSION = 1
+from .vocab import Category, Paint, PortRole, Precision, Seed
 
-# Node precisions in a plan. "fp16"/"bf16": computes in the target type; "fp32": computes in
-# fp32; "unchanged": keeps the types it had (not a float op, a control-flow node whose bodies
-# are planned separately, or a float op that painting left alone).
-PRECISIONS = ("fp16", "bf16", "fp32", "unchanged")
+PLAN_VERSION = 2
+
+# Node precisions in a plan, in report order.
+PRECISIONS = tuple(p.value for p in Precision)
 
 
 @dataclass
@@ -37,10 +54,12 @@ class NodePlan:
     op_type: str
     domain: str
     graph: str                   # "main" or the path of the subgraph
-    category: str                # low_precision, follow, keep_fp32, clear, non_float, control_flow
-    precision: str               # one of PRECISIONS
+    category: str                # Category.rule_name: low_precision, follow, keep_fp32, ...
+    precision: str               # a Precision value
     reasons: list[Reason] = field(default_factory=list)
-    fp32_inputs: list[int] = field(default_factory=list)    # pinned ports
+    roles_in: str = ""           # PortRole code per input port
+    roles_out: str = ""          # PortRole code per output port
+    fp32_inputs: list[int] = field(default_factory=list)    # ports pinned by a rule file
     fp32_outputs: list[int] = field(default_factory=list)
 
     @property
@@ -49,37 +68,68 @@ class NodePlan:
 
 
 @dataclass
-class Warning_:
+class PlanWarning:
+    """Something the user should know about the plan (an unknown op, a flushing constant)."""
+
     code: str
     message: str
     node: str | None = None
 
 
-class PrecisionPlan:
-    """node -> precision + reasons, for one model. `precisions` and `categories` are compact
-    per-node lists (by node id); `nodes` holds the full entries and may be built on first use."""
+def vocabulary() -> dict:
+    """The legend of the codes a plan file uses, written into it so the file explains itself."""
+    def doc(member) -> str:
+        return " ".join((member.__doc__ or "").split())
 
-    def __init__(self, target: str, keep_io_types: bool, nodes: list[NodePlan] | None,
-                 rule_files=(), warnings=(), clamp_initializers=None):
-        self.target = target                  # "fp16" or "bf16"
+    return {
+        "precision": {p.value: doc(p) for p in Precision},
+        "roles": {r.value: doc(r) for r in PortRole},
+        "categories": {c.rule_name: doc(c) for c in Category},
+    }
+
+
+class PrecisionPlan:
+    """node -> precision + port roles + reasons, for one model. `precisions`, `categories`,
+    `roles_in` and `roles_out` are compact per-node lists (by node id), which is all the rewrite
+    reads; `nodes` holds the full entries and may be built on first use."""
+
+    def __init__(self, target: Precision | str, keep_io_types: bool, nodes: list[NodePlan] | None,
+                 rule_files=(), warnings=(), clamp_initializers=None, fingerprint: str | None = None):
+        self.target = Precision.target(target)
         self.keep_io_types = keep_io_types
         self._nodes = nodes
-        self._build = None
+        self._build: Callable[[], list[NodePlan]] | None = None
+        self._fingerprint = fingerprint
+        self._fingerprint_of: Callable[[], str] | None = None
         self.rule_files = list(rule_files)
-        self.warnings: list[Warning_] = list(warnings)
+        self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
-        self.precisions = [n.precision for n in nodes] if nodes is not None else []
-        self.categories = [n.category for n in nodes] if nodes is not None else []
+        self.source: str | None = None        # the file a replayed plan was read from
+        nodes = nodes or []
+        self.precisions: list = [Precision(n.precision) for n in nodes]
+        self.categories: list[str] = [n.category for n in nodes]
+        self.roles_in: list[str] = [n.roles_in for n in nodes]
+        self.roles_out: list[str] = [n.roles_out for n in nodes]
 
-    def set_lazy_nodes(self, build, precisions, categories) -> None:
+    def set_lazy_nodes(self, build, precisions, categories, roles_in, roles_out, fingerprint_of) -> None:
+        """Painting's fast path: the compact lists now, node entries and fingerprint on demand."""
         self._nodes, self._build = None, build
         self.precisions, self.categories = precisions, categories
+        self.roles_in, self.roles_out = roles_in, roles_out
+        self._fingerprint_of = fingerprint_of
 
     @property
     def nodes(self) -> list[NodePlan]:
         if self._nodes is None:
             self._nodes = self._build() if self._build is not None else []
         return self._nodes
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The digest of the model this plan belongs to (see paint.index_fingerprint)."""
+        if self._fingerprint is None and self._fingerprint_of is not None:
+            self._fingerprint = self._fingerprint_of()
+        return self._fingerprint
 
     def __eq__(self, other) -> bool:
         return isinstance(other, PrecisionPlan) and self.to_dict() == other.to_dict()
@@ -96,8 +146,10 @@ class PrecisionPlan:
     def to_dict(self) -> dict:
         return {
             "version": PLAN_VERSION,
-            "target": self.target,
+            "target": self.target.value,
             "keep_io_types": self.keep_io_types,
+            "model_fingerprint": self.fingerprint,
+            "vocabulary": vocabulary(),
             "rule_files": self.rule_files,
             "summary": self.counts(),
             "warnings": [asdict(w) for w in self.warnings],
@@ -112,24 +164,45 @@ class PrecisionPlan:
         return json.dumps(self.to_dict(), indent=1)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PrecisionPlan":
-        if data.get("version") != PLAN_VERSION:
-            raise ValueError(f"unsupported plan version {data.get('version')!r}")
-        nodes = []
-        for n in data["nodes"]:
-            n = dict(n)
-            n["reasons"] = [Reason(**r) for r in n.get("reasons", [])]
-            nodes.append(NodePlan(**n))
-        return cls(target=data["target"], keep_io_types=data["keep_io_types"], nodes=nodes,
-                   rule_files=list(data.get("rule_files", [])),
-                   warnings=[Warning_(**w) for w in data.get("warnings", [])],
-                   clamp_initializers=dict(data.get("clamp_initializers", {})))
+    def from_dict(cls, data: dict, where: str = "<plan>") -> PrecisionPlan:
+        """A plan from its JSON form. Raises AutocastError, naming `where` and the entry, for
+        anything that is not a well-formed plan of this version."""
+        from .replay import plan_from_dict
+
+        return plan_from_dict(data, where)
 
     @classmethod
-    def from_json(cls, text: str) -> "PrecisionPlan":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, where: str = "<plan>") -> PrecisionPlan:
+        from ..errors import AutocastError
+
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise AutocastError(f"not a plan file (invalid JSON: {exc})", where,
+                                "pass a file written by convert --plan-out") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrecisionPlan:
+        from ..errors import AutocastError
+
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise AutocastError("plan file not found", str(path), "check the --plan path") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AutocastError(f"cannot read plan file: {exc}", str(path), "pass a file written by --plan-out") \
+                from None
+        plan = cls.from_json(text, str(path))
+        plan.source = str(path)
+        return plan
 
     def save(self, path: str | Path) -> None:
         from ..io import write_text_atomic
 
         write_text_atomic(Path(path), self.to_json() + "\n")
+
+
+__all__ = ["PLAN_VERSION", "PRECISIONS", "NodePlan", "Paint", "PlanWarning", "PrecisionPlan", "Reason", "Seed",
+           "vocabulary"]

@@ -1,26 +1,42 @@
 """Stage: paint. Turns a classification into a `PrecisionPlan` with linear passes over the
 float edges of the graph (an edge joins an output that follows its node's precision to an
-input that does), in the tradition of TensorFlow's auto-mixed-precision painting:
+input that does), in the tradition of TensorFlow's auto-mixed-precision painting. One function
+per pass, run in this order by `paint`:
 
-  1. seeds: low_precision nodes (and nodes forced low) are LOW; keep_fp32 nodes, nodes kept
+  1. `_seed`: low_precision nodes (and nodes forced low) are LOW; keep_fp32 nodes, nodes kept
      fp32 by a rule, a data rule or a schema limit, and nodes of unknown type are FP32;
-  2. FP32 taint flows forward from every FP32 node through follow and clear nodes;
-  3. LOW flows forward from every LOW node through the follow and clear nodes the taint did
-     not reach (so follow/clear nodes between or after low nodes run low);
-  4. a clear node all of whose consumers are LOW becomes LOW (the cast moves upstream);
-  5. casts, constants and other type-setting nodes take the type all their consumers need,
-     so an author's Cast(to=FLOAT) guarding a softmax stays as it is;
-  6. what is left keeps the type it had.
+  2. `_propagate_fp32_taint`: FP32 flows forward from every FP32 node through follow and clear
+     nodes;
+  3. `_propagate_low`: LOW flows forward from every LOW node through the follow and clear nodes
+     the taint did not reach (so follow/clear nodes between or after low nodes run low);
+  4. `_settle_backward`, one walk from the outputs back: a clear node all of whose consumers are
+     LOW becomes LOW (the cast moves upstream), and casts, constants and other type-setting nodes
+     take the type all their consumers need, so an author's Cast(to=FLOAT) guarding a softmax
+     stays as it is;
+  5. `_precisions`: what is left undecided keeps the type it had.
 
 Only reads the index; the plan it returns is applied by `rewrite`.
 """
 
 from __future__ import annotations
 
-from ..dtypes import FLOAT, NAME_OF, dtype_name
+import logging
+from dataclasses import dataclass
+
+from ..dtypes import FLOAT, dtype_name
 from ..graph import GraphIndex
-from .classify import CAT_NAME, Classification
-from .model import NodePlan, PrecisionPlan, Reason, Warning_
+from .classify import Classification
+from .model import NodePlan, PlanWarning, PrecisionPlan, Reason
+from .vocab import CATEGORY_NAME, PRECISION_OF_TYPE, Category, Paint, PortRole, Precision, Seed, required_type
+
+log = logging.getLogger(__name__)
+
+_LOW, _FP32, _OPEN, _NONE = Paint.LOW, Paint.FP32, Paint.UNDECIDED, Paint.NONE
+_FOLLOW = PortRole.FOLLOW
+_FLOAT_READ = PortRole.FOLLOW + PortRole.ANY         # input roles an edge runs into
+_FLOAT_WRITE = PortRole.FOLLOW + PortRole.FP32       # output roles a taint leaves through
+# Nodes whose output type is an attribute, so they can produce whatever their consumers need.
+_TYPE_SETTING = {"Cast", "Constant", "ConstantOfShape", "EyeLike"}
 
 
 def global_order(index: GraphIndex) -> list:
@@ -37,185 +53,293 @@ def global_order(index: GraphIndex) -> list:
     return out
 
 
-def paint(index: GraphIndex, cls: Classification, target: int, keep_io_types: bool,
+@dataclass
+class _State:
+    """The painter's working arrays, indexed by node id."""
+
+    nodes: list
+    classification: Classification
+    target_type: int
+    paint: list       # Paint per node
+    cause: list       # per node: None, a Reason, or ("fp32-taint" | "follows-low", source node)
+
+
+def paint(index: GraphIndex, classification: Classification, target: Precision, keep_io_types: bool,
           rule_files=(), order=None) -> PrecisionPlan:
-    nodes = index.nodes
-    n = len(nodes)
-    roles_in, roles_out, cat, seed, frozen = cls.roles_in, cls.roles_out, cls.cat, cls.seed, cls.frozen
-    paint_ = ["-"] * n
-    cause = [None] * n
-    for node in nodes:
+    """The precision plan of `index` from its classification (see the module docstring)."""
+    target = Precision.target(target)
+    n = len(index.nodes)
+    state = _State(index.nodes, classification, target.elem_type, [_NONE] * n, [None] * n)
+    _seed(state)
+    _propagate_fp32_taint(state)
+    _propagate_low(state)
+    _settle_backward(state, index, keep_io_types, order if order is not None else global_order(index))
+    precisions = _precisions(state)
+    plan = PrecisionPlan(target=target, keep_io_types=keep_io_types, nodes=None, rule_files=list(rule_files),
+                         warnings=[PlanWarning(c, m, n_) for c, m, n_ in classification.warnings],
+                         clamp_initializers=dict(classification.clamp))
+    plan.set_lazy_nodes(lambda: _node_plans(state, precisions), precisions,
+                        [CATEGORY_NAME[c] for c in classification.categories],
+                        classification.roles_in, classification.roles_out, lambda: index_fingerprint(index))
+    _flush_warnings(state, plan)
+    return plan
+
+
+def _seed(state: _State) -> None:
+    """Pass 1: the paint rules and classification fix before anything flows.
+
+        MatMul (low_precision) -> LOW     Softmax (keep_fp32) -> FP32     Add (follow) -> UNDECIDED
+        a node kept fp32 by a rule, data rule, schema or unknown type -> FP32; forced low -> LOW"""
+    c = state.classification
+    paint = state.paint
+    for node in state.nodes:
         i = node.id
-        c = cat[i]
-        ports = roles_in[i] + roles_out[i]
-        if c in "NX" or ("p" not in ports and "f" not in ports and not frozen[i]):
+        cat = c.categories[i]
+        ports = c.roles_in[i] + c.roles_out[i]
+        if cat == Category.NON_FLOAT or cat == Category.CONTROL_FLOW or (
+                _FOLLOW not in ports and PortRole.FP32 not in ports and not c.frozen[i]):
             continue
-        s = seed[i]
-        if frozen[i] or s == "deny" or s == "schema":
-            paint_[i] = "D"
-        elif s == "allow":
-            paint_[i] = "A"
-        elif c == "L":
-            paint_[i] = "A"
-        elif c == "K":
-            paint_[i] = "D"
+        seed = c.seeds[i]
+        if c.frozen[i] or seed == Seed.DENY or seed == Seed.SCHEMA:
+            paint[i] = _FP32
+        elif seed == Seed.ALLOW or cat == Category.LOW_PRECISION:
+            paint[i] = _LOW
+        elif cat == Category.KEEP_FP32:
+            paint[i] = _FP32
         else:
-            paint_[i] = "U"
+            paint[i] = _OPEN
+    log.debug("paint pass 1 (seeds): %d low, %d fp32, %d undecided", paint.count(_LOW), paint.count(_FP32),
+              paint.count(_OPEN))
 
-    # Pass 2: fp32 taint forward through follow and clear nodes. A node that is fp32 only because
-    # its schema lacks the target type starts no taint (its values need no fp32 precision), but
-    # passes on a taint that reaches it.
-    stack = [node for node in nodes if paint_[node.id] == "D" and seed[node.id] != "schema"]
+
+def _propagate_fp32_taint(state: _State) -> None:
+    """Pass 2: fp32 flows forward through follow and clear nodes. A node that is fp32 only
+    because its schema lacks the target type starts no taint (its values need no fp32
+    precision), but passes on a taint that reaches it.
+
+        Softmax(FP32) -> Mul(UNDECIDED) -> Reshape(UNDECIDED) -> MatMul(LOW)
+        becomes          Mul(FP32)      -> Reshape(FP32)      -> MatMul(LOW)"""
+    c = state.classification
+    paint, cause, roles_in, roles_out, seeds = state.paint, state.cause, c.roles_in, c.roles_out, c.seeds
+    stack = [node for node in state.nodes if paint[node.id] == _FP32 and seeds[node.id] != Seed.SCHEMA]
     tainted = {node.id for node in stack}
+    reached = 0
     while stack:
         node = stack.pop()
         ro = roles_out[node.id]
-        for consumer in [c for k, v in enumerate(node.outputs) if ro[k] in "pf" for c, port in v.consumers
-                         if paint_[c.id] != "-" and roles_in[c.id][port] in "pa"]:
-            j = consumer.id
-            if paint_[j] == "U":
-                paint_[j] = "D"
-                cause[j] = ("fp32-taint", node)
-                tainted.add(j)
-                stack.append(consumer)
-            elif paint_[j] == "D" and j not in tainted:
-                tainted.add(j)
-                stack.append(consumer)
+        for k, value in enumerate(node.outputs):
+            if ro[k] not in _FLOAT_WRITE:
+                continue
+            for consumer, port in value.consumers:
+                j = consumer.id
+                if paint[j] == _NONE or roles_in[j][port] not in _FLOAT_READ:
+                    continue
+                if paint[j] == _OPEN:
+                    paint[j] = _FP32
+                    cause[j] = ("fp32-taint", node)
+                    tainted.add(j)
+                    stack.append(consumer)
+                    reached += 1
+                elif paint[j] == _FP32 and j not in tainted:
+                    tainted.add(j)
+                    stack.append(consumer)
+    log.debug("paint pass 2 (fp32 taint): %d undecided nodes made fp32", reached)
 
-    # Pass 3: low precision forward through the untainted follow and clear nodes.
-    stack = [node for node in nodes if paint_[node.id] == "A"]
+
+def _propagate_low(state: _State) -> None:
+    """Pass 3: low precision flows forward through the follow and clear nodes the taint left
+    undecided.
+
+        MatMul(LOW) -> Add(UNDECIDED) -> Relu(UNDECIDED)    becomes    Add(LOW) -> Relu(LOW)"""
+    c = state.classification
+    paint, cause, roles_in, roles_out = state.paint, state.cause, c.roles_in, c.roles_out
+    stack = [node for node in state.nodes if paint[node.id] == _LOW]
+    reached = 0
     while stack:
         node = stack.pop()
         ro = roles_out[node.id]
-        for consumer in [c for k, v in enumerate(node.outputs) if ro[k] == "p" for c, port in v.consumers
-                         if paint_[c.id] == "U" and roles_in[c.id][port] in "pa"]:
-            j = consumer.id
-            if paint_[j] == "U":
-                paint_[j] = "A"
-                cause[j] = ("follows-low", node)
-                stack.append(consumer)
+        for k, value in enumerate(node.outputs):
+            if ro[k] != _FOLLOW:
+                continue
+            for consumer, port in value.consumers:
+                j = consumer.id
+                if paint[j] == _OPEN and roles_in[j][port] in _FLOAT_READ:
+                    paint[j] = _LOW
+                    cause[j] = ("follows-low", node)
+                    stack.append(consumer)
+                    reached += 1
+    log.debug("paint pass 3 (low precision forward): %d undecided nodes made low", reached)
 
-    order = order if order is not None else global_order(index)
-    target_name = dtype_name(target)
 
-    def requirement(consumer, port, value):
-        """Type the consumer needs at `port`, or None when any type will do."""
-        role = roles_in[consumer.id][port]
-        if role == "f":
-            return FLOAT
-        if role == "p":
-            p = paint_[consumer.id]
-            if p == "A":
-                return target
-            if p == "D" and not frozen[consumer.id]:
-                return FLOAT
-            return value.dtype
-        if role == "o":
-            return value.dtype
-        return None
+def _node_type(state: _State, node_id: int) -> int | None:
+    """The type a painted node computes in so far, or None while it keeps its own types."""
+    p = state.paint[node_id]
+    if p == _LOW:
+        return state.target_type
+    if p == _FP32 and not state.classification.frozen[node_id]:
+        return FLOAT
+    return None
 
-    type_setting = {"Cast", "Constant", "ConstantOfShape", "EyeLike"}
+
+def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, order: list) -> None:
+    """Pass 4: one walk from the graph's outputs back to its inputs, so every node sees its
+    consumers' final paint. Two rules, for each node in that order:
+
+      - a clear node whose consumers all run low goes low (the cast moves upstream):
+            Reshape(UNDECIDED) -> MatMul(LOW), MatMul(LOW)   becomes   Reshape(LOW)
+      - a type-setting node (Cast, Constant, ConstantOfShape, EyeLike) takes the one type all its
+        consumers need:
+            Cast(to=FLOAT)(x16) -> Softmax(FP32)     stays fp32 (the author's guard is kept)
+            Constant -> Add(LOW)                     becomes low"""
+    c = state.classification
+    paint, cause, categories, roles_in, roles_out = state.paint, state.cause, c.categories, c.roles_in, c.roles_out
+    moved = 0
     for node in reversed(order):
         i = node.id
-        # Pass 4: a clear node whose consumers are all low goes low.
-        if paint_[i] == "U" and cat[i] == "C":
-            consumers = [(c, port) for k, v in enumerate(node.outputs) if roles_out[i][k] == "p"
-                         for c, port in v.consumers]
-            outputs = any(v.graph_outputs for k, v in enumerate(node.outputs) if roles_out[i][k] == "p")
-            if consumers and not outputs and all(paint_[c.id] == "A" and roles_in[c.id][port] in "pa"
-                                                 for c, port in consumers):
-                paint_[i] = "A"
-                cause[i] = Reason("consumers-low", "clear op whose consumers all run in low precision")
-        # Pass 5: type-setting nodes take the one type their consumers need.
-        if (node.op in type_setting and node.domain in ("", "ai.onnx") and paint_[i] != "-" and seed[i] is None
-                and cat[i] == "C"):
+        if paint[i] == _OPEN and categories[i] == Category.CLEAR and _consumers_all_low(state, node):
+            paint[i] = _LOW
+            cause[i] = Reason("consumers-low", "clear op whose consumers all run in low precision")
+            moved += 1
+        if (node.op in _TYPE_SETTING and node.domain in ("", "ai.onnx") and paint[i] != _NONE
+                and c.seeds[i] is None and categories[i] == Category.CLEAR):
             needs = set()
             for k, value in enumerate(node.outputs):
-                if roles_out[i][k] != "p":
+                if roles_out[i][k] != _FOLLOW:
                     continue
                 for consumer, port in value.consumers:
-                    needs.add(requirement(consumer, port, value))
+                    needs.add(required_type(roles_in[consumer.id][port], _node_type(state, consumer.id),
+                                            value.dtype))
                 for scope, _ in value.graph_outputs:
                     # subgraph outputs always keep their types; the main graph's unless told otherwise
                     needs.add(value.dtype if keep_io_types or scope is not index.main else None)
             needs.discard(None)
+            before = paint[i]
             if len(needs) == 1:
                 need = needs.pop()
-                before = paint_[i]
-                if need == target:
-                    paint_[i] = "A"
-                elif need == FLOAT:
-                    paint_[i] = "D"
-                else:
-                    paint_[i] = "U"
-                if paint_[i] != before:
+                paint[i] = _LOW if need == state.target_type else (_FP32 if need == FLOAT else _OPEN)
+                if paint[i] != before:
                     cause[i] = Reason("consumers-need", f"all its consumers need {dtype_name(need)}")
-            elif needs and node.op != "Cast" and paint_[i] == "A":
-                paint_[i] = "U"
+            elif needs and node.op != "Cast" and paint[i] == _LOW:
+                paint[i] = _OPEN
                 cause[i] = Reason("consumers-mixed", "consumers need different types: keeps its own and each "
                                   "consumer gets a cast")
+            moved += paint[i] != before
+    log.debug("paint pass 4 (backward settle): %d clear and type-setting nodes moved", moved)
 
-    precisions = [None] * n
-    for node in nodes:
+
+def _consumers_all_low(state: _State, node) -> bool:
+    c = state.classification
+    ro = c.roles_out[node.id]
+    seen = False
+    for k, value in enumerate(node.outputs):
+        if ro[k] != _FOLLOW:
+            continue
+        if value.graph_outputs:
+            return False
+        for consumer, port in value.consumers:
+            if state.paint[consumer.id] != _LOW or c.roles_in[consumer.id][port] not in _FLOAT_READ:
+                return False
+            seen = True
+    return seen
+
+
+def _precisions(state: _State) -> list:
+    """Pass 5: each node's Precision. Undecided nodes keep the type they had."""
+    c = state.classification
+    target = PRECISION_OF_TYPE[state.target_type]
+    out = [Precision.UNCHANGED] * len(state.nodes)
+    for node in state.nodes:
         i = node.id
-        p = paint_[i]
-        if p == "A":
-            precisions[i] = target_name
-        elif p == "D" and not frozen[i]:
-            precisions[i] = "fp32"
-        elif p == "U":
-            precisions[i] = NAME_OF.get(_original_type(node, roles_in[i], roles_out[i]), "unchanged")
-        else:
-            precisions[i] = "unchanged"
+        p = state.paint[i]
+        if p == _LOW:
+            out[i] = target
+        elif p == _FP32 and not c.frozen[i]:
+            out[i] = Precision.FP32
+        elif p == _OPEN:
+            out[i] = PRECISION_OF_TYPE.get(_original_type(node, c.roles_in[i], c.roles_out[i]), Precision.UNCHANGED)
+    return out
 
-    def build_nodes():
-        """The per-node plan entries with their reasons, built when someone reads them."""
-        plans = []
-        for node in nodes:
-            i = node.id
-            p = paint_[i]
-            reasons = list(cls.reasons[i] or ())
-            c = cause[i]
-            if c.__class__ is tuple:
-                code, src = c
-                if code == "fp32-taint":
-                    c = Reason(code, f"fed by fp32 node {src.label} ({src.op}); fp32 flows forward through "
-                               "follow and clear ops")
-                else:
-                    c = Reason(code, f"fed by low-precision node {src.label} ({src.op}) and by no fp32 node")
-            if c is not None:
-                reasons.append(c)
-            if p == "U":
-                original = _original_type(node, roles_in[i], roles_out[i])
-                reasons.append(Reason("unchanged", "not fed by a low-precision node and nothing forces it: "
-                                      f"keeps its type ({dtype_name(original)})"))
-            elif p not in "AD" or frozen[i]:
-                if cat[i] not in "NX" and not frozen[i]:
-                    reasons.append(Reason("no-float", "no float tensor follows this op's precision"))
-            plans.append(NodePlan(id=i, name=node.name, op_type=node.op, domain=node.domain,
-                                  graph=node.scope.path, category=CAT_NAME[cat[i]], precision=precisions[i],
-                                  reasons=reasons, fp32_inputs=list(cls.pins_in[i]),
-                                  fp32_outputs=list(cls.pins_out[i])))
-        return plans
 
-    plan = PrecisionPlan(target=target_name, keep_io_types=keep_io_types, nodes=None, rule_files=list(rule_files),
-                         warnings=[Warning_(c, m, n_) for c, m, n_ in cls.warnings],
-                         clamp_initializers=dict(cls.clamp))
-    plan.set_lazy_nodes(build_nodes, precisions, [CAT_NAME[c] for c in cat])
-    for value, message in cls.flush_notes.values():
-        users = [c for c, port in value.consumers if paint_[c.id] == "A" and roles_in[c.id][port] == "p"]
+def _node_plans(state: _State, precisions: list) -> list[NodePlan]:
+    """The per-node plan entries with their reasons, built when someone reads them."""
+    c = state.classification
+    plans = []
+    for node in state.nodes:
+        i = node.id
+        p = state.paint[i]
+        reasons = list(c.reasons[i] or ())
+        why = state.cause[i]
+        if why.__class__ is tuple:
+            code, src = why
+            if code == "fp32-taint":
+                why = Reason(code, f"fed by fp32 node {src.label} ({src.op}); fp32 flows forward through "
+                             "follow and clear ops")
+            else:
+                why = Reason(code, f"fed by low-precision node {src.label} ({src.op}) and by no fp32 node")
+        if why is not None:
+            reasons.append(why)
+        cat = c.categories[i]
+        if p == _OPEN:
+            original = _original_type(node, c.roles_in[i], c.roles_out[i])
+            reasons.append(Reason("unchanged", "not fed by a low-precision node and nothing forces it: "
+                                  f"keeps its type ({dtype_name(original)})"))
+        elif (p not in (_LOW, _FP32) or c.frozen[i]) and cat not in (Category.NON_FLOAT, Category.CONTROL_FLOW) \
+                and not c.frozen[i]:
+            reasons.append(Reason("no-float", "no float tensor follows this op's precision"))
+        plans.append(NodePlan(id=i, name=node.name, op_type=node.op, domain=node.domain, graph=node.scope.path,
+                              category=CATEGORY_NAME[cat], precision=str(precisions[i]), reasons=reasons,
+                              roles_in=c.roles_in[i], roles_out=c.roles_out[i],
+                              fp32_inputs=list(c.pins_in[i]), fp32_outputs=list(c.pins_out[i])))
+    return plans
+
+
+def _flush_warnings(state: _State, plan: PrecisionPlan) -> None:
+    """A warning for each constant whose values partly flush and that some low node converts."""
+    c = state.classification
+    for value, message in c.flush_notes.values():
+        users = [n for n, port in value.consumers if state.paint[n.id] == _LOW and c.roles_in[n.id][port] == _FOLLOW]
         if users:
-            plan.warnings.append(Warning_("data-flush", f"{message}; converted for {users[0].label}"
-                                          + (f" and {len(users) - 1} more" if len(users) > 1 else ""),
-                                          users[0].label))
-    return plan
+            plan.warnings.append(PlanWarning("data-flush", f"{message}; converted for {users[0].label}"
+                                             + (f" and {len(users) - 1} more" if len(users) > 1 else ""),
+                                             users[0].label))
 
 
 def _original_type(node, roles_in, roles_out):
     for k, value in enumerate(node.outputs):
-        if roles_out[k] == "p":
+        if roles_out[k] == _FOLLOW:
             return value.dtype
     for k, value in enumerate(node.inputs):
-        if roles_in[k] == "p":
+        if roles_in[k] == _FOLLOW:
             return value.dtype
     return None
+
+
+def index_fingerprint(index: GraphIndex) -> str:
+    """A digest of the model's structure that a plan belongs to: every node's graph, name, op
+    type and domain, where each input comes from (a node and port, a graph input by position, or
+    an initializer by type and shape) and each tensor's element type. Tensor names are left
+    out, so re-exporting the same architecture gives the same fingerprint; weights are left out,
+    so retraining does too."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for scope in index.scopes:
+        positions = {id(v): k for k, v in enumerate(scope.inputs)}
+        digest.update(f"G|{scope.path}|{len(scope.nodes)}|{[v.dtype for v in scope.inputs]}|"
+                      f"{[v.dtype for v in scope.outputs]}\n".encode())
+        for node in scope.nodes:
+            sources = []
+            for value in node.inputs:
+                if value is None:
+                    sources.append("-")
+                elif value.producer is not None:
+                    sources.append(f"{value.producer.id}.{value.out_port}:{value.dtype}")
+                elif value.kind == "input" and id(value) in positions:
+                    sources.append(f"in{positions[id(value)]}:{value.dtype}")
+                elif value.initializer is not None:
+                    sources.append(f"init{list(value.initializer.dims)}:{value.dtype}")
+                else:
+                    sources.append(f"outer:{value.dtype}")
+            outs = ",".join("-" if v is None else str(v.dtype) for v in node.outputs)
+            digest.update(f"{node.id}|{node.name}|{node.domain}|{node.op}|{','.join(sources)}|{outs}\n".encode())
+    return digest.hexdigest()

@@ -11,17 +11,24 @@ retargeted to the node's planned type. Nodes are written back in topological ord
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, PRECISION_OF, bf16_bits_to_float, dtype_name, float_to_bf16_bits
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, bf16_bits_to_float, dtype_name, float_to_bf16_bits
 from ..errors import InternalCheckError
 from ..graph import GraphIndex
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
-from ..plan.classify import Classification, chunked
+from ..plan.classify import chunked
 from ..plan.model import PrecisionPlan
+from ..plan.vocab import PortRole, Precision, required_type
+from .edit import Names, cast_node, write_nodes
+
+log = logging.getLogger(__name__)
+_FOLLOW, _FP32 = PortRole.FOLLOW, PortRole.FP32
+_ELEM_TYPE = {p: p.elem_type for p in Precision}
 
 
 @dataclass
@@ -36,150 +43,129 @@ class ApplyStats:
     graphs_sorted: list = field(default_factory=list)     # graphs that were not topologically sorted
 
 
-class _Names:
-    """Collision-free, deterministic names for new tensors and nodes."""
+@dataclass
+class _Edit:
+    """The pending edits of one apply_plan call: nothing touches the graph's node lists until
+    `write_nodes` places them."""
 
-    def __init__(self, index: GraphIndex):
-        self.tensors = set()
-        for scope in index.scopes:
-            self.tensors.update(scope.values)
-            for vi in scope.graph.output:
-                self.tensors.add(vi.name)
-        self._index = index
-        self._nodes = None
+    index: GraphIndex
+    plan: PrecisionPlan
+    node_type: list                 # per node id: the type it computes in, None = its own types
+    stats: ApplyStats
+    names: Names
+    new_type: dict = field(default_factory=dict)     # Value -> the type its producer now gives it
+    head: dict = field(default_factory=dict)         # scope id -> new nodes placed first
+    after: dict = field(default_factory=dict)        # node id -> new nodes placed after it
+    new_inits: dict = field(default_factory=dict)    # scope id -> new initializers
+    jobs: list = field(default_factory=list)         # initializer conversions, run in one batch
 
-    @staticmethod
-    def _fresh(base: str, taken: set) -> str:
-        name = base
-        k = 1
-        while name in taken:
-            name = f"{base}_{k}"
-            k += 1
-        taken.add(name)
-        return name
+    def need(self, consumer, port: int, value) -> int | None:
+        return required_type(self.plan.roles_in[consumer.id][port], self.node_type[consumer.id], value.dtype)
 
-    def fresh(self, base: str) -> str:
-        """A tensor name used nowhere in the model (any graph)."""
-        return self._fresh(base, self.tensors)
-
-    def fresh_node(self, base: str) -> str:
-        """A node name used by no other node (built on first use: most conversions need few)."""
-        if self._nodes is None:
-            self._nodes = {node.name for node in self._index.nodes}
-        return self._fresh(base, self._nodes)
+    def add_cast(self, value, src_name: str, dst_name: str, to: int) -> None:
+        """A Cast right after the producer of `value` (or first in its graph)."""
+        self.stats.casts_added += 1
+        proto = cast_node(src_name, dst_name, self.names.fresh_node(dst_name), to)
+        if value.producer is not None:
+            self.after.setdefault(value.producer.id, []).append(proto)
+        else:
+            self.head.setdefault(value.scope.id, []).append(proto)
 
 
-def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> ApplyStats:
+def apply_plan(index: GraphIndex, plan: PrecisionPlan) -> ApplyStats:
+    """Edit the indexed model so that every node computes in its planned precision. The plan is
+    the only input besides the model: its precisions and port roles say what each tensor's
+    producer gives and what each consumer needs. Passes, in order:
+
+      1. `_output_types`: the type each node output will have;
+      2. `_low_precision_inputs`: with keep_io_types off, model inputs read only by low nodes go low;
+      3. `_insert_casts`: one Cast per (tensor, needed type), graph outputs keep name and type,
+         initializers get converted copies;
+      4. `_run_conversions`: the initializer payloads, vectorised;
+      5. `_retarget_attributes`: Cast.to, dtype attributes and Constant values of retyped nodes;
+      6. `_declare_types`: value_info, and the model's inputs/outputs when they change type;
+      7. `write_nodes`: node lists written back in order with the new casts in place."""
     stats = ApplyStats()
-    target = PRECISION_OF[plan.target]
-    keep_io = plan.keep_io_types
-    nodes = index.nodes
-    roles_in, roles_out = cls.roles_in, cls.roles_out
-    node_type = [None] * len(nodes)
-    for i, precision in enumerate(plan.precisions):
-        if precision != "unchanged":
-            node_type[i] = PRECISION_OF[precision]
+    node_type = [_ELEM_TYPE[p] for p in plan.precisions]
+    edit = _Edit(index, plan, node_type, stats, Names(index))
+    _output_types(edit)
+    _low_precision_inputs(edit)
+    _insert_casts(edit)
+    _run_conversions(edit.jobs, stats)
+    _retarget_attributes(edit)
+    _declare_types(edit)
+    for scope in index.scopes:
+        extra = edit.new_inits.get(scope.id)
+        if extra:
+            scope.graph.initializer.extend(extra)
+    stats.graphs_sorted = write_nodes(index, edit.head, edit.after)
+    log.debug("apply: %d casts, %d initializers converted, %d copies, %d attributes retargeted",
+              stats.casts_added, stats.initializers_converted, stats.initializer_copies, stats.attributes_retargeted)
+    return stats
 
-    # 1. The type each value will have.
-    new_type = {}
-    for node in nodes:
+
+def _output_types(edit: _Edit) -> None:
+    """Pass 1: the type each node output will have.
+
+        MatMul planned fp16: output "p" fp32 -> fp16     Resize "scales" pinned: stays fp32"""
+    new_type, node_type, roles_out = edit.new_type, edit.node_type, edit.plan.roles_out
+    for node in edit.index.nodes:
         t = node_type[node.id]
         ro = roles_out[node.id]
         for k, value in enumerate(node.outputs):
             if value is None:
                 continue
             role = ro[k]
-            if role == "p" and t is not None and t != value.dtype:
+            if role == _FOLLOW and t is not None and t != value.dtype:
                 new_type[value] = t
-            elif role == "f" and value.dtype != FLOAT and value.dtype in MIXABLE:
+            elif role == _FP32 and value.dtype != FLOAT and value.dtype in MIXABLE:
                 new_type[value] = FLOAT
 
-    def requirement(consumer, port, value):
-        role = roles_in[consumer.id][port]
-        if role == "f":
-            return FLOAT
-        if role == "p":
-            t = node_type[consumer.id]
-            return t if t is not None else value.dtype
-        if role == "o":
-            return value.dtype
-        return None
 
-    main_inputs = set(index.main.inputs) if not keep_io else set()
-    for value in main_inputs:
+def _low_precision_inputs(edit: _Edit) -> None:
+    """Pass 2 (keep_io_types off): a model input that every consumer needs in the target type
+    changes its declared type instead of getting a cast.
+
+        input x: float -> MatMul(fp16)    becomes    input x: float16 -> MatMul"""
+    if edit.plan.keep_io_types:
+        return
+    target = edit.plan.target.elem_type
+    for value in edit.index.main.inputs:
         if value.dtype not in MIXABLE or value.initializer is not None:
             continue   # an input with a default (initializer) keeps the type of its default
-        needs = {requirement(c, p, value) for c, p in value.consumers} - {None}
+        needs = {edit.need(c, p, value) for c, p in value.consumers} - {None}
         if needs == {target} and not value.graph_outputs:
-            new_type[value] = target
+            edit.new_type[value] = target
 
-    names = _Names(index)
-    jobs: list = []   # initializer conversions, run in one batch: (source, target proto or None, dst, clamp)
-    # scope id -> list of new nodes to place at the head, and node id -> casts to place after it
-    head: dict[int, list] = {}
-    after: dict[int, list] = {}
-    new_inits: dict[int, list] = {}
 
-    def cast_node(src_name, dst_name, to):
-        stats.casts_added += 1
-        return _cast_bytes(src_name, dst_name, names.fresh_node(dst_name), to)
+def _insert_casts(edit: _Edit) -> None:
+    """Pass 3: wherever a tensor's new type differs from what a consumer needs, one Cast per
+    (tensor, type), shared by all its consumers, in the graph that defines the tensor.
 
-    def place(value, node_proto):
-        if value.producer is not None:
-            after.setdefault(value.producer.id, []).append(node_proto)
-        else:
-            head.setdefault(value.scope.id, []).append(node_proto)
-
-    node_type_or = node_type
+        h = MatMul16(x); s = Softmax32(h)     becomes   h = MatMul16(x); h_fp32 = Cast(h); s = Softmax32(h_fp32)
+        graph output y produced in fp16       becomes   y_fp16 = Op(...); y = Cast(y_fp16, to=FLOAT)"""
+    index, plan, new_type = edit.index, edit.plan, edit.new_type
+    keep_io = plan.keep_io_types
     for scope in index.scopes:
         for value in scope.values.values():
             dt = value.dtype
             if dt not in MIXABLE:
                 continue
             have = new_type.get(value, dt)
-            wanted = {}
-            for consumer, port in value.consumers:
-                role = roles_in[consumer.id][port]
-                if role == "p":
-                    need = node_type_or[consumer.id] or dt
-                elif role == "f":
-                    need = FLOAT
-                elif role == "o":
-                    need = dt
-                else:
-                    continue
-                if need != have:
-                    users = wanted.get(need)
-                    if users is None:
-                        wanted[need] = [(consumer, port)]
-                    else:
-                        users.append((consumer, port))
+            wanted = _wanted_types(edit, value, have)
             out_need = None
             if value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
                 out_need = value.dtype
             if not wanted and out_need is None:
                 continue
             if value.kind == "initializer":
-                if _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs):
+                if _plan_initializer(value, wanted, out_need, edit.names, edit.new_inits, plan, edit.jobs):
                     new_type[value] = next(iter(wanted))
                 continue
             src_name = value.name
             if out_need is not None:
-                # The graph output keeps its name and type: the producer writes a renamed tensor and a
-                # Cast restores the original name.
-                internal = names.fresh(f"{value.name}_{dtype_name(have)}")
-                producer = value.producer
-                producer.proto.output[value.out_port] = internal
-                for consumer, port in value.consumers:
-                    need = requirement(consumer, port, value)
-                    if need is None or need == have:
-                        consumer.proto.input[port] = internal
-                place(value, cast_node(internal, value.name, out_need))
-                stats.outputs_renamed.append(value.name)
-                src_name = internal
-                if out_need in wanted:
-                    # consumers wanting the original type read the graph output itself
-                    wanted.pop(out_need)
+                src_name = _keep_graph_output(edit, value, have, out_need)
+                wanted.pop(out_need, None)   # consumers wanting the original type read the graph output itself
             for need, users in wanted.items():
                 exact = _exact_source(value, need)
                 if exact is not None:
@@ -189,35 +175,73 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
                     for consumer, port in users:
                         consumer.proto.input[port] = exact.name
                     continue
-                cast_out = names.fresh(f"{value.name}_{dtype_name(need)}")
-                place(value, cast_node(src_name, cast_out, need))
+                cast_out = edit.names.fresh(f"{value.name}_{dtype_name(need)}")
+                edit.add_cast(value, src_name, cast_out, need)
                 for consumer, port in users:
                     consumer.proto.input[port] = cast_out
 
-    _run_conversions(jobs, stats)
 
-    # 2. Attributes of retyped nodes.
-    for node in nodes:
-        t = node_type[node.id]
+def _wanted_types(edit: _Edit, value, have: int) -> dict:
+    """type -> the (consumer, port) pairs that need `value` in a type other than `have`."""
+    wanted: dict = {}
+    roles_in, node_type, dt = edit.plan.roles_in, edit.node_type, value.dtype
+    for consumer, port in value.consumers:
+        need = required_type(roles_in[consumer.id][port], node_type[consumer.id], dt)
+        if need is None or need == have:
+            continue
+        users = wanted.get(need)
+        if users is None:
+            wanted[need] = [(consumer, port)]
+        else:
+            users.append((consumer, port))
+    return wanted
+
+
+def _keep_graph_output(edit: _Edit, value, have: int, out_need: int) -> str:
+    """The graph output keeps its name and type: the producer writes a renamed tensor and a Cast
+    restores the original name. Returns the renamed tensor."""
+    internal = edit.names.fresh(f"{value.name}_{dtype_name(have)}")
+    value.producer.proto.output[value.out_port] = internal
+    for consumer, port in value.consumers:
+        need = edit.need(consumer, port, value)
+        if need is None or need == have:
+            consumer.proto.input[port] = internal
+    edit.add_cast(value, internal, value.name, out_need)
+    edit.stats.outputs_renamed.append(value.name)
+    return internal
+
+
+def _retarget_attributes(edit: _Edit) -> None:
+    """Pass 5: nodes whose output type is an attribute are told their planned type.
+
+        Cast(to=FLOAT) planned fp16 -> Cast(to=FLOAT16);  ConstantOfShape(value=0.0f) -> value=0.0h"""
+    stats, new_type, roles_out = edit.stats, edit.new_type, edit.plan.roles_out
+    clamp = edit.plan.clamp_initializers
+    for node in edit.index.nodes:
+        t = edit.node_type[node.id]
         if t is None or node.domain not in ("", "ai.onnx"):
             continue
         op = node.op
         if op == "Cast":
-            if roles_out[node.id][:1] == "p":
+            if roles_out[node.id][:1] == _FOLLOW:
                 _set_int_attr(node.proto, "to", t, stats)
         elif op in ("EyeLike", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform", "Bernoulli"):
-            if roles_out[node.id][:1] == "p":
+            if roles_out[node.id][:1] == _FOLLOW:
                 _set_int_attr(node.proto, "dtype", t, stats)
         elif op == "ConstantOfShape":
             if node.outputs[0] in new_type:
                 _retype_constant_of_shape(node.proto, t, stats)
         elif op == "Constant":
             if node.outputs[0] in new_type:
-                _retype_constant(node.proto, t, node.outputs[0].name in plan.clamp_initializers, stats)
+                _retype_constant(node.proto, t, node.outputs[0].name in clamp, stats)
 
-    # 3. Declared types: value_info, graph inputs and outputs.
+
+def _declare_types(edit: _Edit) -> None:
+    """Pass 6: declared types follow: value_info entries, and the model's own inputs and outputs
+    when keep_io_types is off."""
+    index = edit.index
     by_scope: dict[int, dict] = {}
-    for value, t in new_type.items():
+    for value, t in edit.new_type.items():
         by_scope.setdefault(value.scope.id, {})[value.name] = t
     for scope in index.scopes:
         changed = by_scope.get(scope.id)
@@ -226,52 +250,14 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, cls: Classification) -> A
                 t = changed.get(vi.name)
                 if t is not None and vi.type.HasField("tensor_type"):
                     vi.type.tensor_type.elem_type = t
-        if scope is index.main and not keep_io:
+        if scope is index.main and not edit.plan.keep_io_types:
             for vi in scope.graph.input:
                 v = scope.values.get(vi.name)
-                if v in new_type:
-                    vi.type.tensor_type.elem_type = new_type[v]
+                if v in edit.new_type:
+                    vi.type.tensor_type.elem_type = edit.new_type[v]
             for vi, v in zip(scope.graph.output, scope.outputs):
-                if v in new_type and vi.type.HasField("tensor_type"):
-                    vi.type.tensor_type.elem_type = new_type[v]
-
-    # 4. Write nodes back in order, with the new casts in place.
-    # Innermost graphs first: a body graph is edited through its owner node's proto, which must
-    # not have been copied into its parent's rebuilt node list yet.
-    for scope in reversed(index.scopes):
-        graph = scope.graph
-        extra = new_inits.get(scope.id)
-        if extra:
-            graph.initializer.extend(extra)
-        first = head.get(scope.id, [])
-        if not first and scope.sorted and not any(n.id in after for n in scope.nodes):
-            continue
-        if not scope.sorted:
-            stats.graphs_sorted.append(scope.path)
-        ordered = list(first)
-        for node in scope.order:
-            ordered.append(node.proto)
-            ordered.extend(after.get(node.id, ()))
-        _replace_nodes(graph, ordered)
-    return stats
-
-
-def _field(tag: bytes, text: str) -> bytes:
-    data = text.encode("utf-8")
-    return tag + _varint(len(data)) + data
-
-
-def _cast_bytes(src: str, dst: str, name: str, to: int) -> bytes:
-    """A serialized NodeProto `Cast(src) -> dst` with attribute to: protobuf wire format, written
-    directly because building 10^4 small messages through the Python API is the slow part of
-    large conversions. Fields: input=1, output=2, name=3, op_type=4, attribute=5; in the
-    AttributeProto: name=1, i=3, type=20 (INT=2)."""
-    attr = b"\x0a\x02to\x18" + _varint(to) + b"\xa0\x01\x02"
-    return (_field(b"\x0a", src) + _field(b"\x12", dst) + _field(b"\x1a", name) + b"\x22\x04Cast"
-            + b"\x2a" + _varint(len(attr)) + attr)
-
-
-_SMALL_VARINTS = []
+                if v in edit.new_type and vi.type.HasField("tensor_type"):
+                    vi.type.tensor_type.elem_type = edit.new_type[v]
 
 
 def _exact_source(value, need):
@@ -284,37 +270,6 @@ def _exact_source(value, need):
     if source is None or source.dtype != need or need not in (FLOAT16, BFLOAT16) or value.dtype != FLOAT:
         return None
     return source
-
-
-def _varint(n: int) -> bytes:
-    if n < 16384 and _SMALL_VARINTS:
-        return _SMALL_VARINTS[n]
-    return _encode_varint(n)
-
-
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _replace_nodes(graph, ordered) -> None:
-    """Set graph.node to `ordered`. Copying 100k messages one by one through the protobuf API is
-    slow; serializing each and merging them as `node` fields (tag 1, length-delimited) in one
-    parse is several times faster and gives the same message."""
-    parts = []
-    varint = _varint
-    for proto in ordered:
-        payload = proto if proto.__class__ is bytes else proto.SerializeToString()
-        parts.append(b"\x0a" + varint(len(payload)) + payload)
-    del graph.node[:]
-    graph.MergeFromString(b"".join(parts))
 
 
 def _set_int_attr(proto, name, value, stats):
@@ -462,4 +417,3 @@ def _retype_constant(proto, t, clamp, stats):
             return
 
 
-_SMALL_VARINTS.extend(_encode_varint(i) for i in range(16384))
