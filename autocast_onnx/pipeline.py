@@ -17,7 +17,7 @@ from .catalog import load_rules
 from .errors import AutocastError
 from .graph import build_index
 from .io import LoadedModel, check_output_path, load_model, save_model, tensor_nbytes
-from .plan import Precision, PrecisionPlan, classify, global_order, paint
+from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
 
@@ -77,15 +77,19 @@ def _initializer_bytes(index) -> int:
     return total
 
 
-def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp16", rules=(),
-            keep_io_types: bool = True, exclude_ops=(), exclude_nodes=(), include_nodes=(),
-            check: str = "basic", copy: bool = True, calibration=None, force_fp32=None) -> ConversionResult:
+def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str | None = None, rules=(),
+            keep_io_types: bool | None = None, exclude_ops=(), exclude_nodes=(), include_nodes=(),
+            check: str = "basic", copy: bool = True, calibration=None, force_fp32=None,
+            plan: PrecisionPlan | str | os.PathLike | None = None) -> ConversionResult:
     """Convert a model to mixed precision.
 
-    `model` is a ModelProto (copied unless copy=False) or a path. `rules` are extra rule files,
-    applied in order over the default profile. `calibration` maps tensor names to measured ranges
-    (see validate.calibrate). Returns the converted model, the precision plan (node -> precision
-    and reasons) and statistics. Raises AutocastError on bad input.
+    `model` is a ModelProto (copied unless copy=False) or a path. `precision` is fp16 (the
+    default) or bf16. `rules` are extra rule files, applied in order over the default profile.
+    `calibration` maps tensor names to measured ranges (see validate.calibrate). `plan` replays
+    a plan written by `--plan-out` / `PrecisionPlan.save` (possibly edited) instead of planning:
+    it must belong to this model, and no planning option may be given with it. Returns the
+    converted model, the precision plan (node -> precision and reasons) and statistics. Raises
+    AutocastError on bad input.
     """
     timings = {}
     t0 = time.perf_counter()
@@ -97,15 +101,50 @@ def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str = "fp1
     timings["load"] = time.perf_counter() - t0
     return _convert_loaded(loaded, precision=precision, rules=rules, keep_io_types=keep_io_types,
                            exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes,
-                           check=check, timings=timings, calibration=calibration, force_fp32=force_fp32)
+                           check=check, timings=timings, calibration=calibration, force_fp32=force_fp32, plan=plan)
+
+
+_PLANNING_FLAGS = {"rules": "--rules", "exclude_ops": "--exclude-op", "exclude_nodes": "--exclude-node",
+                   "include_nodes": "--include-node", "calibration": "--calibration-data", "force_fp32": "--target"}
+
+
+def _replayed_plan(plan, precision, keep_io_types, planning: dict) -> PrecisionPlan:
+    """The plan to replay, after refusing options that would have no effect with it."""
+    if not isinstance(plan, PrecisionPlan):
+        plan = PrecisionPlan.load(plan)
+    where = plan.source or "<plan>"
+    given = [_PLANNING_FLAGS[name] for name, value in planning.items() if value]
+    if given:
+        raise AutocastError(f"{', '.join(given)} cannot be combined with --plan: the plan already decides every node",
+                            where, "edit the plan's node precisions instead, or plan afresh without --plan")
+    if precision is not None and Precision.target(precision) != plan.target:
+        raise AutocastError(f"--precision {precision} contradicts the plan's target {plan.target}", where,
+                            "drop --precision; the plan decides it")
+    if keep_io_types is not None and keep_io_types != plan.keep_io_types:
+        raise AutocastError(f"--{'' if keep_io_types else 'no-'}keep-io-types contradicts the plan "
+                            f"(keep_io_types = {str(plan.keep_io_types).lower()})", where,
+                            "drop the flag; the plan decides it")
+    return plan
+
+
+def _target(precision) -> Precision:
+    try:
+        return Precision.target(precision if precision is not None else "fp16")
+    except (ValueError, TypeError):
+        raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16") from None
 
 
 def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exclude_ops, exclude_nodes,
-                    include_nodes, check, timings, calibration=None, force_fp32=None) -> ConversionResult:
-    try:
-        target = Precision.target(precision)
-    except ValueError:
-        raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16") from None
+                    include_nodes, check, timings, calibration=None, force_fp32=None, plan=None) -> ConversionResult:
+    if plan is not None:
+        plan = _replayed_plan(plan, precision, keep_io_types,
+                              {"rules": rules, "exclude_ops": exclude_ops, "exclude_nodes": exclude_nodes,
+                               "include_nodes": include_nodes, "calibration": calibration,
+                               "force_fp32": force_fp32})
+        target = plan.target
+    else:
+        target = _target(precision)
+        keep_io_types = True if keep_io_types is None else keep_io_types
     where = str(loaded.path) if loaded.path else "<model>"
     model = loaded.model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -114,18 +153,22 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
                             f"(needs opset >= {MIN_OPSET[target]})", where,
                             "upgrade the model with onnx.version_converter first; autocast-onnx does not "
                             "change the opset itself")
-    rule_set = load_rules(list(rules))
-    excl_nodes = _compile_patterns(exclude_nodes, "--exclude-node")
-    incl_nodes = _compile_patterns(include_nodes, "--include-node")
+    if plan is None:
+        rule_set = load_rules(list(rules))
+        excl_nodes = _compile_patterns(exclude_nodes, "--exclude-node")
+        incl_nodes = _compile_patterns(include_nodes, "--include-node")
     with _no_gc():
         t = time.perf_counter()
         index = build_index(model, where, loaded.path.parent if loaded.path else None)
         bytes_before = _initializer_bytes(index)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
-        classification = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
-                                  include_nodes=incl_nodes, ranges=calibration, force_fp32=force_fp32)
-        plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
+        if plan is None:
+            classification = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
+                                      include_nodes=incl_nodes, ranges=calibration, force_fp32=force_fp32)
+            plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
+        else:
+            check_plan_fits(plan, index)
         timings["plan"] = time.perf_counter() - t
         t = time.perf_counter()
         stats = apply_plan(index, plan)
@@ -149,7 +192,11 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
     """Convert the model at `in_path` and write it atomically to `out_path` (default: beside the
     input as NAME.fp16.onnx). Never writes over the input."""
     in_path = Path(in_path)
-    precision = options.get("precision", "fp16")
+    precision = options.get("precision") or "fp16"
+    if options.get("plan") is not None and not options.get("precision"):
+        plan = options["plan"]
+        options["plan"] = plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
+        precision = plan.target.value
     out_path = Path(out_path) if out_path else default_output_path(in_path, precision)
     check_output_path(out_path, in_path if in_path.exists() else None)
     if plan_out is not None:
@@ -207,11 +254,60 @@ def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path) ->
 
 def _api_options(options: dict) -> dict:
     allowed = {"precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes", "include_nodes", "calibration",
-               "force_fp32"}
+               "force_fp32", "plan"}
     unknown = set(options) - allowed
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    return {"precision": options.get("precision", "fp16"), "rules": options.get("rules", ()),
-            "keep_io_types": options.get("keep_io_types", True), "exclude_ops": options.get("exclude_ops", ()),
+    return {"precision": options.get("precision"), "rules": options.get("rules", ()),
+            "keep_io_types": options.get("keep_io_types"), "plan": options.get("plan"), "exclude_ops": options.get("exclude_ops", ()),
             "exclude_nodes": options.get("exclude_nodes", ()), "include_nodes": options.get("include_nodes", ()),
             "calibration": options.get("calibration"), "force_fp32": options.get("force_fp32")}
+
+
+@dataclass
+class DataPlanning:
+    """What measuring on data adds to a plan: calibration ranges and the nodes the accuracy
+    search keeps fp32, with the search's log."""
+
+    calibration: dict | None = None     # tensor name -> TensorRange
+    force_fp32: dict | None = None      # node id -> Reason
+    search_log: dict | None = None
+
+
+def plan_on_data(model: str | os.PathLike, plan_options=None, *, calibration_data=None, targets=(),
+                 validation=None, progress=None) -> DataPlanning:
+    """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
+    of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
+    nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
+    or batches generated from its dims, ranges, seed and batch count). The result's fields go to
+    `convert(..., calibration=, force_fp32=)`."""
+    from .options import plan_options as _plan_options
+    from .validate import runner
+    from .validate.core import ValidateOptions
+    from .validate.inputs import describe_inputs, generate, load_batches, plan_inputs
+
+    out = DataPlanning()
+    if calibration_data is None and not targets:
+        return out
+    plan_options = plan_options or _plan_options()
+    validation = validation or ValidateOptions()
+    source = load_model(model).model
+    specs = describe_inputs(source)
+    device, _ = runner.resolve_device(validation.device)
+    if calibration_data is not None:
+        from .validate.calibrate import calibrate
+
+        out.calibration = calibrate(source, load_batches(calibration_data, specs), device, progress)
+    if targets:
+        from .validate.search import parse_target, search
+
+        goal = parse_target(targets)
+        if validation.inputs:
+            batches = load_batches(validation.inputs, specs)
+        else:
+            in_plan = plan_inputs(specs, validation.dims, validation.ranges)
+            batches = [generate(in_plan, seed=validation.seed + k) for k in range(validation.batches)]
+        out.force_fp32, out.search_log = search(source, batches,
+                                                dict(plan_options.convert_kwargs(), calibration=out.calibration),
+                                                goal, device, progress)
+    return out

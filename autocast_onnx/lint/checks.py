@@ -25,8 +25,9 @@ MOVE_OPS = {"Cast", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Where", "Mul",
 
 class LintContext:
     def __init__(self, model: onnx.ModelProto, path: str | None, precision: str | None = None, rules=(),
-                 base_dir=None):
+                 base_dir=None, plan_options=None):
         self.model = model
+        self.plan_options = plan_options   # the PlanOptions that decide what the conversion protects
         self.path = path
         self.index = build_index(model, path or "<model>", base_dir)
         found = {v.dtype for s in self.index.scopes for v in s.values.values() if v.dtype in LOW}
@@ -65,7 +66,11 @@ class LintContext:
 
             precision = "fp16" if self.low == FLOAT16 else "bf16"
             try:
-                self._plan = convert(self.model, precision=precision, rules=self.rules, check="none").plan.precisions
+                selection = {} if self.plan_options is None else {
+                    "keep_io_types": self.plan_options.keep_io_types, "exclude_ops": self.plan_options.exclude_ops,
+                    "exclude_nodes": self.plan_options.exclude_nodes, "include_nodes": self.plan_options.include_nodes}
+                self._plan = convert(self.model, precision=precision, rules=self.rules, check="none",
+                                     **selection).plan.precisions
             except AutocastError:  # e.g. an opset too old for bf16: nothing would be converted
                 self._plan = []
         if node.id >= len(self._plan):

@@ -42,6 +42,7 @@ class LintOptions:
                                           # lints several models and reports them once)
     suppress: list = field(default_factory=list)   # Suppression entries from the configuration
     rules: list = field(default_factory=list)      # conversion rule files (decide "protected")
+    plan: object = None                            # options.PlanOptions: selections that decide "protected"
 
 
 @dataclass
@@ -105,7 +106,7 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     else:
         loaded = load_model(model)
         proto, path, base = loaded.model, str(model), Path(model).parent
-    ctx = LintContext(proto, path, options.precision, options.rules, base)
+    ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=options.plan)
     checks = selected(load_checks(), options.select, options.ignore)
     for s in options.suppress:
         try:

@@ -1,0 +1,96 @@
+"""The CI gate behind `autocast-onnx check`, as a library call: lint the model, convert it with
+the plan options, lint the result, validate it, and judge the whole against a baseline report.
+Returns the check report (docs/check-report.schema.json) and the findings; writing them is
+the caller's business."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .errors import AutocastError
+
+CHECK_SCHEMA_VERSION = 1
+
+
+@dataclass
+class CheckResult:
+    report: dict            # the check report (docs/check-report.schema.json)
+    diagnostics: list       # the converted model's findings, for SARIF
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.report["gate"]["passed"])
+
+
+def load_baseline(path: str | os.PathLike) -> dict:
+    """A previous check report, or AutocastError if the file is not one."""
+    try:
+        prior = json.loads(Path(path).read_text(encoding="utf-8"))
+        prior["lint_converted"]["diagnostics"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise AutocastError("not a check report (--report-json of autocast-onnx check)", str(path),
+                            "write one with --report-json") from None
+    return prior
+
+
+def check(model: str | os.PathLike, *, output: str | os.PathLike | None = None, plan_options=None,
+          lint_options=None, validation=None, skip_validate: bool = False, baseline: dict | None = None,
+          config_source: str | None = None, progress=None) -> CheckResult:
+    """Run the gate on `model` (a path). The converted model is kept at `output` when given
+    (and removed again if the gate fails with an error), else written to a temporary folder.
+    `baseline` is a previous report (see load_baseline): then only new findings and
+    regressions fail."""
+    from .lint import lint as run_lint
+    from .lint.engine import unused_config_suppressions
+    from .options import lint_options as _lint_options
+    from .options import plan_options as _plan_options
+    from .pipeline import convert_file
+    from .report.checkgate import compare_baseline
+    from .report.lint import lint_dict
+    from .validate.core import ValidateOptions, validate
+
+    plan_options = plan_options or _plan_options()
+    lint_options = lint_options or _lint_options(plan=plan_options)
+    # configuration suppressions are judged over both lints: a finding the conversion removes does not
+    # make its suppression "unused"
+    lint_options = replace(lint_options, precision=plan_options.precision.value, report_unused_config=False,
+                           plan=plan_options, rules=list(plan_options.rules))
+    validation = validation or ValidateOptions()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.precision}.onnx"
+        existed = output is not None and Path(output).exists()
+        try:
+            before = run_lint(model, lint_options)
+            converted = convert_file(model, out, **plan_options.convert_kwargs())
+            after = run_lint(out, lint_options)
+            if output is None:
+                # the converted file is temporary: findings point at the model that was checked
+                after.model = str(model)
+                for d in after.diagnostics:
+                    d.model = str(model)
+            after.diagnostics.extend(unused_config_suppressions([before, after], lint_options))
+            validation_report = None if skip_validate else validate(model, out, validation, progress=progress)
+        except BaseException:
+            if output is not None and not existed:
+                Path(output).unlink(missing_ok=True)   # a failed gate leaves no converted model behind
+                Path(str(output) + ".data").unlink(missing_ok=True)
+            raise
+    report = {
+        "schema_version": CHECK_SCHEMA_VERSION,
+        "model": str(model),
+        "converted": str(output) if output else None,
+        "config": config_source,
+        "fail_on": lint_options.fail_on,
+        "lint_original": lint_dict([before]),
+        "conversion": {"precision": plan_options.precision.value, "counts": converted.plan.counts(),
+                       "casts_added": converted.stats.casts_added,
+                       "warnings": [w.message for w in converted.plan.warnings]},
+        "lint_converted": lint_dict([after]),
+        "validation": validation_report,
+    }
+    report["gate"] = compare_baseline(report, baseline, after, lint_options.fail_on)
+    return CheckResult(report=report, diagnostics=list(after.diagnostics))
