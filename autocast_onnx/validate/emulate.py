@@ -23,34 +23,27 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, bf16_bits_to_float
 from ..graph import build_index
+from ..rewrite.edit import Names, cast_node, write_nodes
 
 LOW = (FLOAT16, BFLOAT16)
 
 
 def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.ModelProto:
-    """An fp32 model that rounds like the given mixed-precision model would on a GPU."""
+    """An fp32 model that rounds like the given mixed-precision model would on a GPU. Built with
+    the rewrite's editing helpers (rewrite/edit.py): only `rewrite/` knows how to edit a graph."""
     emu = onnx.ModelProto()
     emu.CopyFrom(model)
     index = build_index(emu, where)
-    taken = set()
-    for scope in index.scopes:
-        taken.update(scope.values)
-    counter = [0]
-
-    def fresh(base):
-        name = base
-        while name in taken:
-            counter[0] += 1
-            name = f"{base}_{counter[0]}"
-        taken.add(name)
-        return name
-
-    new_nodes: dict[int, list] = {}     # scope id -> nodes to add at the head
+    names = Names(index)
+    head: dict[int, list] = {}          # scope id -> nodes to add at the head
     after: dict[int, list] = {}         # node id -> nodes to add after it
+
+    def cast(src: str, dst: str, to: int) -> bytes:
+        return cast_node(src, dst, names.fresh_node(dst), to)
 
     for scope in index.scopes:
         graph = scope.graph
@@ -69,86 +62,47 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
                     # fp16 feeds stay fp16 and everything inside sees them as fp32 (exact). bf16
                     # feeds are declared fp32 (ONNX Runtime's Python API takes no bf16 arrays) and
                     # rounded to bf16 first, as feeding them as bf16 would.
-                    wide = fresh(f"{value.name}__emu_fp32")
+                    wide = names.fresh(f"{value.name}__emu_fp32")
                     if low == BFLOAT16:
                         _set_declared(graph.input, value.name, FLOAT)
-                        rounded = fresh(f"{value.name}__emu_bf16")
-                        new_nodes.setdefault(scope.id, []).extend([
-                            helper.make_node("Cast", [value.name], [rounded], to=BFLOAT16),
-                            helper.make_node("Cast", [rounded], [wide], to=FLOAT)])
+                        rounded = names.fresh(f"{value.name}__emu_bf16")
+                        head.setdefault(scope.id, []).extend([cast(value.name, rounded, BFLOAT16),
+                                                              cast(rounded, wide, FLOAT)])
                     else:
-                        new_nodes.setdefault(scope.id, []).append(
-                            helper.make_node("Cast", [value.name], [wide], to=FLOAT))
+                        head.setdefault(scope.id, []).append(cast(value.name, wide, FLOAT))
+                    # consumers include the nodes of subgraphs that read the input from outside
                     for consumer, port in value.consumers:
                         consumer.proto.input[port] = wide
-                    _retarget_outputs(graph, value.name, wide)
                 else:
                     _set_declared(graph.input, value.name, FLOAT)
                 continue
             # a node output: produce fp32, round through the low type, continue in fp32
             producer = value.producer
-            raw = fresh(f"{value.name}__emu_raw")
-            rounded_low = fresh(f"{value.name}__emu_{'fp16' if low == FLOAT16 else 'bf16'}")
+            raw = names.fresh(f"{value.name}__emu_raw")
+            rounded_low = names.fresh(f"{value.name}__emu_{'fp16' if low == FLOAT16 else 'bf16'}")
             producer.proto.output[value.out_port] = raw
-            chain = [helper.make_node("Cast", [raw], [rounded_low], to=low)]
+            chain = [cast(raw, rounded_low, low)]
             if is_main and value.graph_outputs and low == BFLOAT16:
                 # bf16 model outputs are given back as fp32 holding bf16 values (see inputs)
-                chain.append(helper.make_node("Cast", [rounded_low], [value.name], to=FLOAT))
+                chain.append(cast(rounded_low, value.name, FLOAT))
                 _set_declared(graph.output, value.name, FLOAT)
             elif is_main and value.graph_outputs:
                 # the model output keeps its declared low type; consumers read the fp32 copy
-                wide = fresh(f"{value.name}__emu_fp32")
-                chain.append(helper.make_node("Cast", [rounded_low], [value.name], to=low))
-                chain.append(helper.make_node("Cast", [rounded_low], [wide], to=FLOAT))
+                wide = names.fresh(f"{value.name}__emu_fp32")
+                chain.append(cast(rounded_low, value.name, low))
+                chain.append(cast(rounded_low, wide, FLOAT))
                 for consumer, port in value.consumers:
                     consumer.proto.input[port] = wide
             else:
-                chain.append(helper.make_node("Cast", [rounded_low], [value.name], to=FLOAT))
+                chain.append(cast(rounded_low, value.name, FLOAT))
                 if value.graph_outputs:
                     _set_declared(graph.output, value.name, FLOAT)
             after.setdefault(producer.id, []).extend(chain)
-            _retype_producer(producer)
 
-    for scope in reversed(index.scopes):
-        graph = scope.graph
-        ordered = list(new_nodes.get(scope.id, []))
-        for node in scope.order:
-            ordered.append(node.proto)
-            ordered.extend(after.get(node.id, ()))
-        del graph.node[:]
-        graph.node.extend(ordered)
-        del graph.value_info[:]
+    write_nodes(index, head, after, skip_unchanged=False)
+    for scope in index.scopes:
+        del scope.graph.value_info[:]
     return emu
-
-
-def _retarget_outputs(graph, old, new):
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _rename_reads(attr.g, old, new)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    _rename_reads(g, old, new)
-
-
-def _rename_reads(graph, old, new):
-    """Outer-scope reads of a renamed value inside a subgraph (unless the subgraph shadows it)."""
-    if any(v.name == old for v in list(graph.input) + list(graph.initializer)) or \
-            any(old in n.output for n in graph.node):
-        return
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _rename_reads(attr.g, old, new)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    _rename_reads(g, old, new)
-    for out in graph.output:
-        if out.name == old:
-            pass  # a subgraph output that is an outer value: left to the Identity ONNX requires
 
 
 def _set_declared(infos, name, elem_type):
@@ -166,9 +120,3 @@ def _to_fp32(tensor: TensorProto) -> None:
         data = numpy_helper.to_array(tensor).astype(np.float32)
     name = tensor.name
     tensor.CopyFrom(numpy_helper.from_array(data.astype(np.float32), name))
-
-
-def _retype_producer(node) -> None:
-    """Nodes whose output type comes from an attribute keep producing the low type (the
-    rounding casts follow); everything else now computes in fp32 from fp32 inputs."""
-    return None
