@@ -1,6 +1,7 @@
-"""Helpers for the regression tests (tests/test_regressions.py): walking subgraphs, reading
-initializers back, typed feeds, running with the bf16 caveat, and tolerance checks.
-Builds on tests/helpers.py, which stays as it is."""
+"""Helpers for the conversion tests (test_classify.py, test_paint.py, test_apply.py,
+test_pipeline.py, test_plan_model.py): walking subgraphs, reading initializers and plan entries
+back, typed feeds, running with the bf16 caveat, and tolerance checks. Builds on
+tests/helpers.py (model building, `parse`, `convert_and_check`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,27 @@
+"""Shared pytest setup: tests import their helper modules (helpers, case_helpers, ...) by plain
+name, and the conversion tests are parametrized over the target precision and keep_io_types
+through the `precision` and `keep_io` fixtures below (a test that needs other values, e.g. a
+precision paired with an opset, parametrizes `precision` directly, which overrides the fixture)."""
+
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PRECISIONS = ["fp16", "bf16"]
+KEEP_IO = [True, False]
+
+
+@pytest.fixture(params=PRECISIONS)
+def precision(request):
+    """The target precision of a conversion: "fp16" or "bf16"."""
+    return request.param
+
+
+@pytest.fixture(params=KEEP_IO, ids=["keep_io", "low_io"])
+def keep_io(request):
+    """keep_io_types: True keeps fp32 graph inputs/outputs (casts at the edges), False lets them
+    take the low precision."""
+    return request.param

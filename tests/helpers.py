@@ -1,9 +1,13 @@
-"""Shared helpers for tests: build small graphs, run them in ONNX Runtime, read back types."""
+"""Shared helpers for tests: build small graphs (from ONNX text syntax with `parse`, or node by
+node with `model`), convert and check them, run them in ONNX Runtime, read back types."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import onnx
+import onnx.parser
 from onnx import TensorProto, helper, numpy_helper
 
 import autocast_onnx
@@ -25,8 +29,53 @@ def model(nodes, inputs, outputs, initializers=(), opset=17, extra_opsets=(), va
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
+def add_initializers(graph, **arrays):
+    """Append numpy arrays as initializers of `graph` (a main graph or a subgraph body)."""
+    graph.initializer.extend(init(name, value) for name, value in arrays.items())
+    return graph
+
+
+def parse(text, *, opset=17, domains=None, **initializers):
+    """A model from ONNX text syntax, with numpy arrays attached as main-graph initializers:
+
+        parse('''
+            mlp (float[2,4] x) => (float[2,4] y) {
+                [fc] h = MatMul(x, w)
+                [act] y = Relu(h)
+            }''', w=randn([4, 4]))
+
+    `[name]` before a node names it (quote names that are not identifiers: ["enc/fc1"]). Without
+    a `<ir_version: ..., opset_import: [...]>` header one is added: IR 8, the default domain at
+    `opset`, plus `domains` ({"com.microsoft": 1}). Small constant initializers can also be
+    declared in the graph signature: `<int64[2] shape = {2, 4}>`."""
+    text = textwrap.dedent(text).strip()
+    if not text.startswith("<"):
+        imports = ", ".join(f'"{d}" : {v}' for d, v in {"": opset, **(domains or {})}.items())
+        text = f"<ir_version: 8, opset_import: [{imports}]>\n{text}"
+    m = onnx.parser.parse_model(text)
+    add_initializers(m.graph, **initializers)
+    return m
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def randn(shape, seed=0, scale=1.0):
+    """Standard-normal float32 values, reproducible by seed."""
+    return (rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
 def convert(m, **kw):
     return autocast_onnx.convert(m, **kw)
+
+
+def convert_and_check(m, **kw):
+    """convert() and the full ONNX checker on its result (convert() checks too; asserted here so
+    a regression that disables that check is still caught). Returns (result, converted model)."""
+    result = autocast_onnx.convert(m, **kw)
+    onnx.checker.check_model(result.model, full_check=True)
+    return result, result.model
 
 
 def run(m, feeds):
@@ -70,11 +119,66 @@ def ops(m, op_type, graph=None):
     return [n for n in g.node if n.op_type == op_type]
 
 
-def precision(result, name):
+def planned(result, name):
+    """The precision the plan gives the node called `name` (exactly one such node)."""
     found = [n for n in result.plan.nodes if n.name == name]
     assert len(found) == 1, f"{name}: {len(found)} plan entries"
     return found[0].precision
 
 
+precision = planned   # the older name, still used by other test files
+
+
 def check(m):
     onnx.checker.check_model(m, full_check=True)
+
+
+# ---- models shared by several test files ---------------------------------------------------
+def attention_block():
+    """Scaled dot-product attention: MatMul, Div, Add(mask), Softmax, MatMul."""
+    return parse("""
+        attention (float[2,4,8] q, float[2,4,4] mask) => (float[2,4,8] ctx) <float scale = {2.0}> {
+            [scores] scores = MatMul(q, kt)
+            [scale_div] scaled = Div(scores, scale)
+            [mask_add] masked = Add(scaled, mask)
+            [softmax] probs = Softmax <axis = -1> (masked)
+            [context] ctx = MatMul(probs, v)
+        }""", kt=randn([8, 4], 1, 0.3), v=randn([4, 8], 2, 0.3))
+
+
+def mlp():
+    """Two MatMuls around a Relu, in an "enc/" and a "head/" name scope."""
+    return parse("""
+        mlp (float[2,8] x) => (float[2,8] y) {
+            ["enc/fc1"] h = MatMul(x, w1)
+            ["enc/act"] a = Relu(h)
+            ["head/fc2"] y = MatMul(a, w2)
+        }""", w1=randn([8, 8], 3, 0.3), w2=randn([8, 8], 4, 0.3))
+
+
+def eye_noise_model(opset=17):
+    """Ops whose output type is a `dtype` attribute: EyeLike and a seeded RandomNormalLike, each
+    added to the result of a MatMul."""
+    return parse("""
+        eye_noise (float[4,4] x) => (float[4,4] y) {
+            [mm] a = MatMul(x, W)
+            [eye] e = EyeLike <dtype = 1> (x)                                  # dtype FLOAT
+            [add_eye] b = Add(a, e)
+            [mm2] c = MatMul(b, W2)
+            [noise] n = RandomNormalLike <dtype = 1, seed = 7.0, scale = 0.1> (c)   # dtype FLOAT
+            [add_noise] y = Add(c, n)
+        }""", opset=opset, W=randn([4, 4], 43), W2=randn([4, 4], 44))
+
+
+def unknown_op_model(declare_type):
+    """A custom op my.domain:Foo (no schema, no rule) between two MatMuls; with `declare_type`
+    its output has a value_info saying it is float [2, 4]."""
+    m = parse("""
+        custom (float[2,4] x) => (float[2,4] y) {
+            [mm] a = MatMul(x, W1)
+            [foo] foo_out = my.domain.Foo(a)
+            [mm2] y = MatMul(foo_out, W2)
+        }""", domains={"my.domain": 1}, W1=randn([4, 4], 85), W2=randn([4, 4], 86))
+    if declare_type:
+        m.graph.value_info.append(tensor("foo_out", F32, [2, 4]))
+    return m
