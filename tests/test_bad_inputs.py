@@ -8,7 +8,7 @@ no report, no temporary file anywhere under the test's folder) and every input b
 Already covered elsewhere and only extended here: tests/test_cli.py (output == input by the same
 spelling, os.access-simulated unwritable folder, os.replace ENOSPC without external data, missing
 external data / '../' location / cycle / dangling input through `convert`) and
-tests/test_regressions.py section 12 (text, empty, truncated, directory, missing model and four
+tests/test_pipeline.py section 3 (text, empty, truncated, directory, missing model and four
 bad rule files through `convert`).
 
 Set AUTOCAST_BAD_INPUTS_LOG=FILE to record every call (see docs/robustness.md, "Bad inputs").
@@ -482,7 +482,7 @@ def test_unused_unknown_domain_import(tmp_path, out):
 # =============================================================================================
 # 5. Rule files and configuration files
 # =============================================================================================
-# name: (text, fragments); tests/test_regressions.py covers an unknown settings key, an unknown
+# name: (text, fragments); tests/test_pipeline.py covers an unknown settings key, an unknown
 # table, an op in two categories (same spelling) and a bad regex in the first [[nodes]] entry.
 RULE_FILES = {
     "invalid_toml": ('[ops.keep_fp32]\nMatMul = "a"\nSoftmax = \n', ("rules.toml:3", "invalid TOML")),
