@@ -4,12 +4,21 @@ Reading parses the protobuf directly (fast) and loads external data after checki
 every location stays inside the model's folder. Writing is atomic: everything goes to
 temporary files in the destination folder and is renamed into place only when complete,
 so a failure never leaves a half-written model or touches the input.
+
+Outputs that are not regular files are never replaced: '-' is stdout (text reports only), and a
+character device or FIFO (/dev/null, a named pipe) is opened and written in place. Before any
+work, `check_outputs` refuses a set of outputs that cannot all be written as asked (two outputs
+that are one file, an output that is an input, a missing folder, a directory...), and
+`OutputSnapshot` lets a command remove what it wrote when it fails afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import sys
 import tempfile
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,29 +176,190 @@ def _all_tensors_for_external(graph: onnx.GraphProto):
                     yield from _all_tensors_for_external(sub)
 
 
-def refuse_overwriting(outputs, inputs) -> None:
-    """Refuse report/output paths that name one of the input files, or a folder that does not
-    exist - before any work is done."""
-    protected = set()
+STDOUT = "-"
+
+
+def is_stdout(path) -> bool:
+    """True for '-', which every text output (report, plan) reads as stdout."""
+    return path is not None and os.fspath(path) == STDOUT
+
+
+def stat_output_kind(st: os.stat_result, where: str = "<output>") -> str:
+    """How an existing output with this stat is written: 'file' (a regular file: replaced
+    atomically) or 'stream' (a character device or FIFO: opened and written in place, never
+    replaced). A directory, block device or socket is refused."""
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "stream"
+    if stat.S_ISDIR(mode):
+        raise AutocastError("output path is a directory", where, "give a file name")
+    what = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    raise AutocastError(f"output path is {what}", where,
+                        "give a regular file, a FIFO or a character device such as /dev/null; '-' is stdout")
+
+
+def output_kind(path) -> str:
+    """'stdout' for '-', 'file' for a regular file or a path that does not exist yet, 'stream' for
+    a character device or FIFO; raises AutocastError for a directory, block device or socket."""
+    if is_stdout(path):
+        return "stdout"
+    try:
+        st = os.stat(path)
+    except OSError:       # not there yet (or its folder is missing: the folder check says so)
+        return "file"
+    return stat_output_kind(st, str(path))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):
+        pass
+    try:
+        return os.path.samefile(a, b)       # symlinks, hard links, other spellings
+    except OSError:
+        return False
+
+
+def _is_null_device(path: Path) -> bool:
+    try:
+        return os.path.samefile(path, os.devnull)
+    except OSError:
+        return False
+
+
+def _stdout_is(path: Path) -> bool:
+    """True when `path` is the file that stdout is connected to (e.g. /dev/stdout, or the file
+    stdout is redirected to)."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(path))
+    except (AttributeError, OSError, ValueError):   # no real stdout (captured), or no such file
+        return False
+
+
+def goes_to_stdout(path) -> bool:
+    """True when writing `path` writes to this process's stdout: '-', or the file stdout is
+    connected to (/dev/stdout, the file stdout is redirected to), the null device excepted."""
+    if path is None:
+        return False
+    if is_stdout(path):
+        return True
+    return _stdout_is(Path(path)) and not _is_null_device(Path(path))
+
+
+def _protected_files(inputs, model_inputs, outputs) -> list[tuple[Path, str]]:
+    """(file, why) for every file a command reads: the inputs, the files inside input folders,
+    and the external data files of the input models that lie where an output is written."""
+    found = []
     for item in inputs:
-        if item is not None and Path(item).exists():
-            protected.add(Path(item).resolve())
-    for out in outputs:
-        if out is None or str(out) == "-":
+        if item is None or is_stdout(item):
             continue
-        out = Path(out)
-        if out.resolve() in protected:
-            raise AutocastError("output path is the input (or another file this command reads)", str(out),
-                                "choose another path; autocast-onnx never overwrites its input")
-        parent = out.parent if str(out.parent) else Path(".")
-        if not parent.is_dir():
-            raise AutocastError("output folder does not exist", str(parent), "create it first")
-        if out.is_dir():
-            raise AutocastError("output path is a directory", str(out), "give a file name")
+        path = Path(item)
+        if path.is_dir():
+            try:
+                found.extend((child, "input") for child in path.iterdir() if child.is_file())
+            except OSError:
+                pass
+        elif path.exists():
+            found.append((path, "input"))
+    for item in model_inputs:
+        if item is None or not Path(item).is_file():
+            continue
+        folder = Path(item).resolve().parent
+        if not any(out.resolve().is_relative_to(folder) for out in outputs):
+            continue     # no output where its external data can be: no need to read the model
+        try:
+            external = load_model(item, load_external=False).external_files
+        except Exception:  # noqa: BLE001 - the command's own load reports an unusable model
+            external = []
+        found.extend((Path(item).parent / name, "model data") for name in external)
+    return found
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]], inputs: Iterable = (), *,
+                  models: Collection[str] = (), read_back: Collection[str] = (),
+                  model_inputs: Iterable = ()) -> None:
+    """Refuse, before any work is done, outputs that cannot all be written as asked.
+
+    `outputs` are (option flag, path) pairs, path None when the option is not given; '-' is
+    stdout. `inputs` are the files (or folders of files) the command reads, `model_inputs` the
+    ONNX models among them (their external data files are protected too). Flags in `models`
+    write an ONNX model: '-' is refused for them and the external data file NAME.data beside the
+    model counts as one more output. Flags in `read_back` name a file the command reads again
+    after writing it, which must therefore be a regular file.
+
+    Refused, with one AutocastError line each: two outputs that are the same file (compared by
+    resolved path, and with os.path.samefile for existing files, so symlinks and hard links
+    count; several outputs on the null device are allowed), two outputs on stdout, an output that
+    is an input, an output in a folder that does not exist, and a directory, block device or
+    socket given as an output."""
+    entries: list[tuple[str, Path | str, str | None]] = []    # (flag, path or STDOUT, model flag of a data file)
+    for flag, path in outputs:
+        if path is None:
+            continue
+        if is_stdout(path):
+            if flag in models:
+                raise AutocastError("cannot write the model to stdout ('-')", flag,
+                                    "give a file path; a model is binary and may need a data file beside it")
+            entries.append((flag, STDOUT, None))
+            continue
+        path = Path(path)
+        kind = output_kind(path)
+        if kind == "file":
+            parent = path.parent if str(path.parent) else Path(".")
+            if not parent.is_dir():
+                raise AutocastError("output folder does not exist", str(parent), "create it first")
+        elif flag in read_back:
+            raise AutocastError(f"{flag} must be a regular file: this command reads the file back after writing it",
+                                str(path), "give a file path")
+        entries.append((flag, path, None))
+        if flag in models and kind == "file":
+            entries.append((flag, path.with_name(path.name + ".data"), flag))
+
+    protected = _protected_files(inputs, model_inputs, [path for _, path, _ in entries if path is not STDOUT])
+    for flag, path, data_of in entries:
+        if path is STDOUT:
+            continue
+        for item, why in protected:
+            if _same_file(path, item):
+                if why == "model data" or data_of is not None:
+                    raise AutocastError(f"writing {path.name} would overwrite a file of the input model", str(path),
+                                        "choose another -o; autocast-onnx never modifies its input")
+                raise AutocastError(f"output path is the input (or another file this command reads), given to {flag}",
+                                    str(path), "choose another path; autocast-onnx never overwrites its input")
+
+    for k, (flag, path, data_of) in enumerate(entries):
+        for other, other_path, other_data_of in entries[:k]:
+            if path is STDOUT and other_path is STDOUT:
+                raise AutocastError(f"{other} and {flag} both write to stdout ('-')", STDOUT,
+                                    "send at most one output to stdout")
+            if path is STDOUT or other_path is STDOUT:
+                file_flag, file_path = (other, other_path) if path is STDOUT else (flag, path)
+                if _stdout_is(file_path) and not _is_null_device(file_path):
+                    raise AutocastError(f"{file_flag} names the file stdout goes to, where "
+                                        f"{flag if path is STDOUT else other} writes too", str(file_path),
+                                        "give each output its own path")
+                continue
+            if (data_of is not None and other_data_of is None and other == data_of) or \
+                    (other_data_of is not None and data_of is None and flag == other_data_of):
+                continue      # a model and its own data file
+            if _same_file(path, other_path) and not _is_null_device(path):
+                if data_of is not None or other_data_of is not None:
+                    plain, model_flag = (other, data_of) if data_of is not None else (flag, other_data_of)
+                    what = f"{plain} names the external data file of {model_flag}"
+                else:
+                    what = f"{other} and {flag} name the same file"
+                raise AutocastError(what, str(path), "give each output its own path")
 
 
 def check_output_path(out_path: Path, in_path: Path | None) -> None:
-    """Refuse to write over the input or into a folder that cannot take the file."""
+    """Refuse to write a model over the input, to stdout, or into a folder that cannot take it."""
+    if is_stdout(out_path):
+        raise AutocastError("cannot write the model to stdout ('-')", "-o",
+                            "give a file path; a model is binary and may need a data file beside it")
     if in_path is not None:
         same = out_path.resolve() == in_path.resolve()
         if not same and out_path.exists():
@@ -200,6 +370,8 @@ def check_output_path(out_path: Path, in_path: Path | None) -> None:
         if same:
             raise AutocastError("output path is the input file", str(out_path),
                                 "choose another -o; autocast-onnx never overwrites its input")
+    if output_kind(out_path) == "stream":
+        return        # written in place: no file is created in its folder
     parent = out_path.parent if str(out_path.parent) else Path(".")
     if not parent.is_dir():
         raise AutocastError("output folder does not exist", str(parent), "create it or choose another -o")
@@ -209,17 +381,74 @@ def check_output_path(out_path: Path, in_path: Path | None) -> None:
         raise AutocastError("output folder is not writable", str(parent), "choose another -o")
 
 
+def _identity(path: Path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode
+
+
+class OutputSnapshot:
+    """The state of a command's output paths before it writes them, so that a run that fails
+    after writing can remove what it wrote (all or nothing). Only regular files that were created
+    or replaced since `track` are removed: a file that existed and is unchanged stays, and a
+    FIFO or device written in place is never removed."""
+
+    def __init__(self, paths: Iterable = ()):
+        self._before: dict[Path, tuple | None] = {}
+        self.track(*paths)
+
+    def track(self, *paths) -> None:
+        for path in paths:
+            if path is None or is_stdout(path):
+                continue
+            path = Path(path)
+            if path not in self._before:
+                self._before[path] = _identity(path)
+
+    def discard(self) -> list[Path]:
+        """Remove the regular files written since they were tracked; returns them."""
+        removed = []
+        for path, before in self._before.items():
+            now = _identity(path)
+            if now is None or now == before or not stat.S_ISREG(now[4]):
+                continue
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+        return removed
+
+
+def _write_in_place(path: Path, data: bytes) -> None:
+    """Write to an existing FIFO or character device: opened as it is, never created or replaced."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_data: bool | None = None,
                in_path: Path | None = None, payload: bytes | None = None,
                source_dir: Path | None = None, restore: bool = True) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
     pointing at that file afterwards (no second copy of the weights is held for restoring).
-    Returns the files written."""
+    A FIFO or character device as `out_path` is written in place (never replaced; no external
+    data). Returns the files created (none for a FIFO or device)."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
+    in_place = output_kind(out_path) == "stream"
     if external_data is None:
         external_data = (len(payload) if payload is not None else model.ByteSize()) > PROTOBUF_LIMIT - 64 * 2**20
+    if external_data and in_place:
+        raise AutocastError("cannot write external data beside a FIFO or device", str(out_path),
+                            "write the model to a regular file, or pass --no-external-data (models under 2 GB)")
     parent = out_path.parent if str(out_path.parent) else Path(".")
     temps: list[Path] = []
     moved: list[tuple[onnx.TensorProto, bytes]] = []
@@ -277,10 +506,13 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
                     tensor.data_location = onnx.TensorProto.DEFAULT
                     tensor.raw_data = raw
                     payload = None
-        model_tmp = _temp_path(parent, out_path.name)
-        temps.append(model_tmp)
         if payload is None or external_data:
             payload = model.SerializeToString()
+        if in_place:            # a FIFO or device (/dev/null): written as it is, never replaced
+            _write_in_place(out_path, payload)
+            return []
+        model_tmp = _temp_path(parent, out_path.name)
+        temps.append(model_tmp)
         with open(model_tmp, "wb") as fh:
             fh.write(payload)
             fh.flush()
@@ -369,7 +601,19 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a small text file (plan, report) atomically."""
+    """Write a small text file (plan, report) atomically. '-' writes to stdout, and a FIFO or
+    character device is written in place (never replaced by a regular file)."""
+    if is_stdout(path):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    path = Path(path)
+    if output_kind(path) == "stream":
+        try:
+            _write_in_place(path, text.encode("utf-8"))
+        except OSError as exc:
+            raise AutocastError(f"cannot write file: {exc.strerror or exc}", str(path), "check the reader") from None
+        return
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise AutocastError("output folder does not exist", str(parent), "create it first")

@@ -16,7 +16,8 @@ import onnx
 from .catalog import load_rules
 from .errors import AutocastError
 from .graph import build_index
-from .io import LoadedModel, check_output_path, load_model, save_model, tensor_nbytes
+from .io import (LoadedModel, check_output_path, check_outputs, is_stdout, load_model, output_kind, save_model,
+                 tensor_nbytes)
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
@@ -197,21 +198,30 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         plan = options["plan"]
         options["plan"] = plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         precision = plan.target.value
+    if not in_path.exists() or in_path.is_dir():
+        load_model(in_path)      # says what is wrong with it (not found, a directory)
     out_path = Path(out_path) if out_path else default_output_path(in_path, precision)
-    check_output_path(out_path, in_path if in_path.exists() else None)
-    if plan_out is not None:
-        check_output_path(Path(plan_out), in_path if in_path.exists() else None)
+    check_outputs([("-o", out_path), ("--plan-out", plan_out)], [in_path], models=["-o"])
+    check_output_path(out_path, in_path)
     start = time.perf_counter()
     t = time.perf_counter()
     # External data stays on disk until a tensor is needed (and unchanged tensors are copied
     # across file to file), so memory follows the weights that are converted, not the model.
     loaded = load_model(in_path, load_external=False)
     timings = {"load": time.perf_counter() - t}
-    _refuse_overwriting_inputs(in_path, loaded.external_files, out_path)
+    _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
     check = options.pop("check", "basic")
     # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
     # tells whether the checker can take it in memory without serializing it to find out.
     big = loaded.external_data or loaded.file_bytes * 1.5 > CHECK_LIMIT
+    if output_kind(out_path) == "stream":
+        # a FIFO or device is written in place: no data file beside it, nothing to read back
+        if external_data or (external_data is None and loaded.external_data):
+            raise AutocastError("cannot write external data beside a FIFO or device", str(out_path),
+                                "write the model to a regular file, or pass --no-external-data")
+        if big and check != "none":
+            raise AutocastError("a model this large is checked by reading the written file back, which a FIFO or "
+                                "device cannot give", str(out_path), "write it to a regular file, or pass --check none")
     if external_data is None:
         external_data = True if loaded.external_data else (None if big else False)
     # Serialize once for both the check and the file when the model is written in one piece.
@@ -236,17 +246,21 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         try:
             result.plan.save(plan_out)
         except AutocastError:
-            for written in result.output_files:   # all or nothing
-                Path(written).unlink(missing_ok=True)
+            for written in result.output_files:   # all or nothing (only files this call created)
+                if Path(written).is_file():
+                    Path(written).unlink(missing_ok=True)
             raise
     timings["total"] = time.perf_counter() - start
     return result
 
 
-def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path) -> None:
-    """The output model and its data file must not be any file the input consists of."""
+def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path, plan_out=None) -> None:
+    """The output model, its data file and the plan must not be any file the input consists of."""
     inputs = {(in_path.parent / f).resolve() for f in external_files} | {in_path.resolve()}
-    for target in (out_path, out_path.with_name(out_path.name + ".data")):
+    targets = [out_path, out_path.with_name(out_path.name + ".data")]
+    if plan_out is not None and not is_stdout(plan_out):
+        targets.append(Path(plan_out))
+    for target in targets:
         if target.resolve() in inputs:
             raise AutocastError(f"writing {target.name} would overwrite a file of the input model", str(target),
                                 "choose another -o; autocast-onnx never modifies its input")

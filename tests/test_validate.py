@@ -397,13 +397,30 @@ def test_validate_as_a_process(resnet16, isolated_cwd):
 @pytest.mark.parametrize("flag, value, message", [
     ("--atol", "1e-9", "max abs error"),
     ("--rtol", "1e-9", "relative error"),
-    ("--min-cosine", "1.5", "cosine"),
-    ("--min-top1", "1.5", "top-1"),
+    ("--min-cosine", "1", "cosine"),          # fp16 rounding leaves the cosine just below 1
 ])
 def test_threshold_failure_exits_1(resnet16, flag, value, message):
     r = cli("validate", RESNET, resnet16, "--no-speed", flag, value)
     assert r.code == 1, r.stdout + r.stderr
     assert "result: FAIL" in r.stdout and message in r.stdout
+    assert r.stderr == ""
+
+
+def test_top1_threshold_failure_exits_1(tmp_path):
+    """The conversion keeps resnet's top-1 (so --min-top1 1 passes there); a 'converted' model
+    with negated class scores fails --min-top1 alone (the other thresholds are switched off)."""
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    paths = []
+    for name, weights in (("ref", w), ("flipped", -w)):
+        m = model([helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc")],
+                  [tensor("x", F32, [2, 4])], [tensor("logits", F32, [2, 4])], [init("w", weights)])
+        paths.append(tmp_path / f"{name}.onnx")
+        onnx.save(m, paths[-1])
+    loose = ("--rtol", "1e9", "--min-cosine", "-1")
+    assert cli("validate", *paths, "--no-speed", *loose, "--min-top1", "0").code == 0
+    r = cli("validate", *paths, "--no-speed", *loose, "--min-top1", "1")
+    assert r.code == 1, r.stdout + r.stderr
+    assert "result: FAIL" in r.stdout and "top-1" in r.stdout
     assert r.stderr == ""
 
 
@@ -470,13 +487,13 @@ def test_pyproject_threshold_applies_and_flag_overrides(resnet16, tmp_path):
 def test_pyproject_in_a_parent_folder_with_hyphenated_keys(resnet16, tmp_path, monkeypatch):
     project = tmp_path / "project"
     (project / "sub" / "deeper").mkdir(parents=True)
-    write_pyproject(project, "min-cosine = 1.5\nrtol = 0.5\n")
+    write_pyproject(project, "min-cosine = 1.0\nrtol = 0.5\n")
     monkeypatch.chdir(project / "sub" / "deeper")
     report_path = tmp_path / "r.json"
     r = cli("validate", RESNET, resnet16, "--no-speed", "--report-json", report_path)
     assert r.code == 1
     thresholds = json.loads(report_path.read_text())["thresholds"]
-    assert thresholds == {"atol": None, "rtol": 0.5, "min_cosine": 1.5, "min_top1": 0.99}
+    assert thresholds == {"atol": None, "rtol": 0.5, "min_cosine": 1.0, "min_top1": 0.99}
     assert cli("validate", RESNET, resnet16, "--no-speed", "--min-cosine", "0.9").code == 0
 
 

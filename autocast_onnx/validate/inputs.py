@@ -4,7 +4,9 @@ attention masks with padded and fully masked rows, floats from a normal or a giv
 
 from __future__ import annotations
 
+import math
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,7 @@ class InputSpec:
     elem_type: int
     dims: list            # int, str (symbolic) or None (unknown)
     vocab: int | None = None   # size of the embedding table the input indexes, when found
+    ranked: bool = True        # False when the model declares no shape (then any rank is taken)
 
 
 @dataclass
@@ -53,7 +56,7 @@ def describe_inputs(model: onnx.ModelProto) -> list[InputSpec]:
         dims = []
         for d in t.shape.dim:
             dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
-        specs.append(InputSpec(vi.name, t.elem_type, dims, _vocab(vi.name, consumers, tables)))
+        specs.append(InputSpec(vi.name, t.elem_type, dims, _vocab(vi.name, consumers, tables), t.HasField("shape")))
     return specs
 
 
@@ -73,6 +76,9 @@ def _vocab(name, consumers, tables, depth=0):
     return None
 
 
+MAX_DIM = 2**31 - 1      # ONNX Runtime's limit on one dimension of an input
+
+
 def parse_assignments(items, what: str, kind=int) -> dict:
     """NAME=VALUE pairs with positive values (dimension sizes)."""
     out = {}
@@ -87,6 +93,8 @@ def parse_assignments(items, what: str, kind=int) -> dict:
             raise AutocastError(f"bad value in --{what} {item!r}", f"--{what}", "give a whole number") from None
         if number < 1:
             raise AutocastError(f"--{what} {item!r}: sizes must be at least 1", f"--{what}", "e.g. batch=4")
+        if number > MAX_DIM:
+            raise AutocastError(f"--{what} {item!r}: sizes must be at most {MAX_DIM}", f"--{what}", "e.g. batch=4")
         out[key] = number
     return out
 
@@ -102,6 +110,9 @@ def parse_ranges(items) -> dict:
         except ValueError:
             raise AutocastError(f"--input-range {item!r}: LO and HI must be numbers", "--input-range",
                                 "e.g. input_ids=0:30522") from None
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise AutocastError(f"--input-range {item!r}: LO and HI must be finite numbers", "--input-range",
+                                "e.g. input_ids=0:30522")
         if not hi > lo:
             raise AutocastError(f"--input-range {item!r}: HI must be greater than LO", "--input-range", "swap them")
         out[m.group(1)] = (lo, hi)
@@ -125,8 +136,33 @@ def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict |
     if unknown:
         raise AutocastError(f"--input-range names unknown input(s): {', '.join(sorted(unknown))}", "--input-range",
                             "inputs are: " + ", ".join(s.name for s in specs))
+    for spec in specs:
+        if spec.name in plan.ranges:
+            _check_range(spec, *plan.ranges[spec.name])
     plan.dims = dims
     return plan
+
+
+def _check_range(spec: InputSpec, lo: float, hi: float) -> None:
+    """A --input-range must hold values the input's type can take."""
+    if spec.elem_type == TensorProto.BOOL:
+        return
+    np_type = np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type))
+    flag = "--input-range"
+    if np.issubdtype(np_type, np.integer):
+        info = np.iinfo(np_type)
+        top = min(int(info.max), int(np.iinfo(np.int64).max))     # values are drawn as int64
+        if lo < info.min or hi > top:
+            raise AutocastError(f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
+                                f"holds ({info.min}..{top})", flag, "give a range within the input's type")
+        if int(hi) <= int(lo):
+            raise AutocastError(f"{flag} {spec.name}={lo:g}:{hi:g} holds no whole number for integer input "
+                                f"'{spec.name}'", flag, "HI is exclusive: e.g. 0:2 gives 0 and 1")
+    elif np.issubdtype(np_type, np.floating):
+        top = float(np.finfo(np_type).max)
+        if lo < -top or hi > top:
+            raise AutocastError(f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
+                                f"holds (|x| <= {top:g})", flag, "give a range within the input's type")
 
 
 def _shape(spec: InputSpec, dims: dict) -> tuple:
@@ -144,18 +180,28 @@ def _shape(spec: InputSpec, dims: dict) -> tuple:
 GENERATED_LIMIT = 2**31   # bytes of generated inputs per batch
 
 
-def generate(plan: InputPlan, seed: int = 0) -> dict:
-    """One batch of realistic inputs."""
-    rng = np.random.default_rng(seed)
+def check_generated_size(plan: InputPlan) -> None:
+    """Refuse generated inputs of more than GENERATED_LIMIT bytes per batch, before allocating."""
     total = 0
     for spec in plan.specs:
         shape = _shape(spec, plan.dims)
-        total += int(np.prod(shape, dtype=np.float64)) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
+        total += np.prod(shape, dtype=np.float64) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
     if total > GENERATED_LIMIT:
         biggest = max(plan.specs, key=lambda s: np.prod(_shape(s, plan.dims), dtype=np.float64))
         raise AutocastError(f"generated inputs would take {total / 2**30:.3g} GiB (input '{biggest.name}' has shape "
                             f"{list(_shape(biggest, plan.dims))})", "--inputs",
                             "set smaller symbolic dimensions with --dim, or pass your own batches with --inputs")
+
+
+SEED_LIMIT = 2**32       # numpy seeds: 0 <= seed < 2**32 (the CLI's --seed range)
+
+
+def generate(plan: InputPlan, seed: int = 0) -> dict:
+    """One batch of realistic inputs."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise AutocastError(f"seed must be a whole number >= 0, not {seed!r}", "--seed", "e.g. --seed 0")
+    rng = np.random.default_rng(seed)
+    check_generated_size(plan)
     feeds = {}
     for spec in plan.specs:
         shape = _shape(spec, plan.dims)
@@ -194,32 +240,116 @@ def attention_mask(shape: tuple) -> np.ndarray:
     return rows.reshape(shape)
 
 
-def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
-    """Batches from one .npz file or a directory of them (sorted by name)."""
+def _batch_files(path: str | Path) -> list[Path]:
     path = Path(path)
     if path.is_dir():
         files = sorted(path.glob("*.npz"))
         if not files:
             raise AutocastError("no .npz files in the inputs folder", str(path), "add NAME.npz files, one per batch")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise AutocastError("inputs path not found", str(path), "give an .npz file or a folder of them")
+        return files
+    if path.is_file():
+        return [path]
+    raise AutocastError("inputs path not found", str(path), "give an .npz file or a folder of them")
+
+
+def _check_array(name: str, shape: tuple, dtype: np.dtype, spec: InputSpec, where: str) -> None:
+    """Refuse an array the model input cannot take: not numbers, or the wrong rank or size."""
+    want = np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type))
+    what = f"array '{name}'"
+    if dtype.hasobject:
+        raise AutocastError(f"{what} is an object array", where, "save plain numeric arrays with numpy.savez")
+    if want.kind in "biuf" and dtype.kind not in "biuf":
+        raise AutocastError(f"{what} has dtype {dtype} ({_KIND_NAMES.get(dtype.kind, 'not numbers')}), but input "
+                            f"'{name}' takes {want}", where, f"save it with dtype {want}")
+    if spec.ranked:
+        if len(shape) != len(spec.dims):
+            raise AutocastError(f"{what} has {len(shape)} dimension(s) {list(shape)}, but input '{name}' has "
+                                f"{len(spec.dims)} {_dims_text(spec.dims)}", where, "save it with the input's shape")
+        for k, (got, declared) in enumerate(zip(shape, spec.dims)):
+            if isinstance(declared, int) and declared > 0 and got != declared:
+                raise AutocastError(f"{what} has shape {list(shape)}, but input '{name}' declares size {declared} "
+                                    f"for dimension {k} {_dims_text(spec.dims)}", where,
+                                    "save it with the input's shape")
+
+
+_KIND_NAMES = {"U": "text", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "time spans",
+               "V": "raw or structured records", "O": "Python objects"}
+
+
+def _dims_text(dims) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _npz_headers(f: Path, wanted) -> dict:
+    """name -> (shape, dtype) of the arrays of an .npz, from the .npy headers of the `wanted`
+    arrays (no data is read; None when the header format is newer than this reader knows); other
+    members are listed with None."""
+    from numpy.lib import format as npy
+
+    if not zipfile.is_zipfile(f):
+        raise AutocastError("not an .npz archive", str(f), "write it with numpy.savez")
+    out = {}
+    name = None
+    try:
+        with zipfile.ZipFile(f) as archive:
+            for member in archive.infolist():
+                name = member.filename.removesuffix(".npy")
+                out[name] = None
+                if name not in wanted:
+                    continue
+                with archive.open(member) as fh:
+                    version = npy.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = npy.read_array_header_1_0(fh)
+                    elif version == (2, 0):
+                        shape, _, dtype = npy.read_array_header_2_0(fh)
+                    else:
+                        continue      # a newer header: checked when the array is loaded
+                out[name] = (tuple(shape), np.dtype(dtype))
+    except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise several types for a bad archive
+        what = f"cannot read array '{name}' of the .npz" if name in wanted else "cannot read .npz"
+        raise AutocastError(f"{what}: {' '.join(str(exc).split())}", str(f), "write it with numpy.savez") from None
+    return out
+
+
+def _check_headers(f: Path, names: dict) -> None:
+    headers = _npz_headers(f, names)
+    missing = set(names) - set(headers)
+    if missing:
+        raise AutocastError(f"missing input(s) {', '.join(sorted(missing))}", str(f),
+                            "the archive needs one array per model input, named like the input")
+    for name, spec in names.items():
+        if headers[name] is not None:
+            _check_array(name, *headers[name], spec, str(f))
+
+
+def check_batches(path: str | Path, specs: list[InputSpec]) -> None:
+    """Refuse unusable --inputs / --calibration-data before any work, reading only the headers:
+    a missing file or array, an array that is not numbers, of the wrong rank or size."""
+    names = {s.name: s for s in specs}
+    for f in _batch_files(path):
+        _check_headers(f, names)
+
+
+def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
+    """Batches from one .npz file or a directory of them (sorted by name); every array is
+    checked (from its header) before any is loaded."""
     names = {s.name: s for s in specs}
     batches = []
-    for f in files:
+    for f in _batch_files(path):
+        _check_headers(f, names)
         try:
             with np.load(f, allow_pickle=False) as data:
-                batch = {k: data[k] for k in data.files}
-        except Exception as exc:  # numpy raises several types for a bad archive
+                batch = {k: data[k] for k in names}
+        except Exception as exc:  # noqa: BLE001 - numpy raises several types for a bad archive
             raise AutocastError(f"cannot read .npz: {exc}", str(f), "write it with numpy.savez") from None
-        missing = set(names) - set(batch)
-        if missing:
-            raise AutocastError(f"missing input(s) {', '.join(sorted(missing))}", str(f),
-                                "the archive needs one array per model input, named like the input")
         for name, spec in names.items():
+            array = batch[name]
+            if not isinstance(array, np.ndarray):
+                raise AutocastError(f"'{name}' is not an array", str(f), "write the archive with numpy.savez")
+            _check_array(name, array.shape, array.dtype, spec, str(f))
             want = helper.tensor_dtype_to_np_dtype(spec.elem_type)
-            if batch[name].dtype != want:
-                batch[name] = batch[name].astype(want)
+            if array.dtype != want:
+                batch[name] = array.astype(want)
         batches.append({k: batch[k] for k in names})
     return batches
