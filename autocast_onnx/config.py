@@ -6,7 +6,9 @@ override the file.
 
 Keys (hyphens or underscores): atol, rtol, min-cosine, min-top1 (validate thresholds);
 select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
-configuration file)."""
+configuration file), precision, keep-io-types, exclude-op, exclude-node, include-node (what
+decides the plan). Every command reads the same file, so convert, explain, lint and check plan
+every node alike."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from .errors import AutocastError
 
 VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
-ALL_KEYS = VALIDATE_KEYS + LINT_KEYS + ("rules",)
+PLAN_KEYS = ("rules", "precision", "keep_io_types", "exclude_op", "exclude_node", "include_node")
+ALL_KEYS = VALIDATE_KEYS + LINT_KEYS + PLAN_KEYS
 
 
 def find_config(start: Path | None = None) -> tuple[Path, bool] | None:
@@ -72,14 +75,23 @@ def load_settings(start: Path | None = None, config: Path | None = None) -> tupl
             raise AutocastError(f"unknown key '{key}'", where,
                                 "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS))
         if norm in VALIDATE_KEYS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or (norm in ("atol", "rtol") and value < 0):
-                raise AutocastError(f"{key} must be a finite number{' >= 0' if norm in ('atol', 'rtol') else ''}, "
-                                    f"not {value!r}", where, "fix the value")
+            from .options import check_threshold
+
+            try:
+                check_threshold(norm, value, key, "fix the value")
+            except AutocastError as exc:
+                raise AutocastError(exc.what, where, "fix the value") from None
             value = float(value)
-        elif norm in ("select", "ignore", "rules"):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise AutocastError(f"{key} must be a list of strings", where, 'e.g. ["AC1", "AC203"]')
+        elif norm == "precision":
+            if value not in ("fp16", "bf16"):
+                raise AutocastError(f"precision must be fp16 or bf16, not {value!r}", where, "fix the value")
+        elif norm == "keep_io_types":
+            if not isinstance(value, bool):
+                raise AutocastError(f"keep-io-types must be true or false, not {value!r}", where, "fix the value")
+        elif norm in ("select", "ignore", "rules", "exclude_op", "exclude_node", "include_node"):
+            if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+                raise AutocastError(f"{key} must be a list of non-empty strings", where,
+                                    'e.g. ["AC1", "AC203"]' if norm in ("select", "ignore") else 'e.g. ["Softmax"]')
             if norm == "rules":
                 value = [str((path.parent / v)) for v in value]
         elif norm == "fail_on":

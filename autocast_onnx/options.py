@@ -83,8 +83,19 @@ def plan_options(settings: dict | None = None, *, precision=None, rules=(), keep
                        source=settings.get("_source"))
 
 
-_THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0),
-                     "min_top1": (0.0, 1.0)}
+# Allowed values of each threshold (command line, configuration file and --target).
+THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0),
+                    "min_top1": (0.0, 1.0)}
+SEED_MAX = 2**32 - 1         # numpy seeds are unsigned 32-bit
+
+
+def check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
+    """Refuse a threshold outside THRESHOLD_BOUNDS (or not a finite number)."""
+    low, high = THRESHOLD_BOUNDS[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        bound = " >= 0" if high == math.inf else f" from {low:g} to {high:g}"
+        raise AutocastError(f"{label or flag} must be a finite number{bound}, not {value!r}", flag, hint)
 
 
 def validate_options(settings: dict | None = None, **flags):
@@ -97,21 +108,18 @@ def validate_options(settings: dict | None = None, **flags):
 
     settings = settings or {}
     thresholds = Thresholds()
-    for key, (low, high) in _THRESHOLD_BOUNDS.items():
+    for key in THRESHOLD_BOUNDS:
         value = flags.get(key)
         if value is None:
             value = settings.get(key, getattr(thresholds, key))
         if value is not None:
-            flag = "--" + key.replace("_", "-")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not low <= value <= high:
-                raise AutocastError(f"{flag} must be a finite number in [{low:g}, {high:g}], not {value!r}", flag,
-                                    "fix the threshold (command line or [tool.autocast-onnx])")
+            check_threshold(key, value, "--" + key.replace("_", "-"),
+                            "fix the threshold (command line or [tool.autocast-onnx])")
             value = float(value)
         setattr(thresholds, key, value)
     seed = flags.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32 - 1024:
-        raise AutocastError(f"--seed must be a whole number in [0, 2**32 - 1024), not {seed!r}", "--seed",
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise AutocastError(f"--seed must be a whole number from 0 to 2**32-1, not {seed!r}", "--seed",
                             "pick another seed")
     return ValidateOptions(inputs=flags.get("inputs"), dims=parse_assignments(flags.get("dims", ()), "dim"),
                            ranges=parse_ranges(flags.get("ranges", ())), batches=flags.get("batches", 1),
@@ -119,6 +127,19 @@ def validate_options(settings: dict | None = None, **flags):
                            thresholds=thresholds, speed=flags.get("speed", True),
                            iterations=flags.get("iterations", 20), warmup=flags.get("warmup", 3),
                            class_outputs=list(flags.get("class_outputs", ())))
+
+
+def parse_targets(targets):
+    """`--target` values (e.g. ["cosine=0.9999,top1=0.99"]) as Thresholds, range-checked."""
+    from .validate.search import parse_target
+
+    goal = parse_target(targets)
+    keys = {"atol": "atol", "rtol": "rtol", "min_cosine": "cosine", "min_top1": "top1"}
+    for key, name in keys.items():
+        value = getattr(goal, key)
+        if value is not None:
+            check_threshold(key, value, "--target", "e.g. --target cosine=0.9999,top1=0.99", f"{name}=")
+    return goal
 
 
 def lint_options(settings: dict | None = None, *, select=(), ignore=(), fail_on=None, plan: PlanOptions | None = None,

@@ -298,7 +298,7 @@ def plan_on_data(model: str | os.PathLike, plan_options=None, *, calibration_dat
     from .options import plan_options as _plan_options
     from .validate import runner
     from .validate.core import ValidateOptions
-    from .validate.inputs import describe_inputs, generate, load_batches, plan_inputs
+    from .validate.inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
 
     out = DataPlanning()
     if calibration_data is None and not targets:
@@ -308,14 +308,23 @@ def plan_on_data(model: str | os.PathLike, plan_options=None, *, calibration_dat
     source = load_model(model).model
     specs = describe_inputs(source)
     device, _ = runner.resolve_device(validation.device)
+    goal = None
+    if targets:
+        from .options import parse_targets
+
+        goal = parse_targets(targets)
+    # every input is checked (headers only) before any long run starts
+    if calibration_data is not None:
+        check_batches(calibration_data, specs)
+    if goal is not None and validation.inputs:
+        check_batches(validation.inputs, specs)
     if calibration_data is not None:
         from .validate.calibrate import calibrate
 
         out.calibration = calibrate(source, load_batches(calibration_data, specs), device, progress)
-    if targets:
-        from .validate.search import parse_target, search
+    if goal is not None:
+        from .validate.search import search
 
-        goal = parse_target(targets)
         if validation.inputs:
             batches = load_batches(validation.inputs, specs)
         else:

@@ -469,7 +469,7 @@ def test_input_and_usage_errors_exit_2_with_one_line(masked, tmp_path):
     ("invalid TOML", "select = [\n", ["autocast-onnx.toml", "invalid TOML"]),
     ("unknown key", 'selct = ["AC1"]\n', ["autocast-onnx.toml", "unknown key 'selct'"]),
     ("bad fail-on", 'fail-on = "fatal"\n', ["autocast-onnx.toml", "fail-on must be one of"]),
-    ("select not a list", 'select = "AC1"\n', ["autocast-onnx.toml", "select must be a list of strings"]),
+    ("select not a list", 'select = "AC1"\n', ["autocast-onnx.toml", "select must be a list of non-empty strings"]),
     ("bad threshold", 'atol = "small"\n', ["autocast-onnx.toml", "atol must be a finite number"]),
     ("bad suppress entry", 'suppress = [{ node = "x" }]\n', ["autocast-onnx.toml", "suppress must be a list"]),
     ("bad suppress regex", 'suppress = [{ code = "AC101", node = "(" }]\n', ["autocast-onnx.toml", "bad regex"]),

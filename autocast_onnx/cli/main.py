@@ -86,19 +86,115 @@ class _TextType(click.ParamType):
 
 PATH = _PathType(path_type=Path)
 TEXT = _TextType()
-SEED_MAX = 2**32 - 1         # numpy seeds are unsigned 32-bit
 MAX_BATCHES, MAX_ITERATIONS, MAX_WARMUP = 10_000, 1_000_000, 100_000
 
 
-def validation_options(f):
-    """Options shared by `validate` and `convert --validate`."""
+# ---- option groups (each owns its options; commands stack the groups they need) ----------------
+
+def _stack(options):
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
+
+
+def config_option(f):
+    """--config: the configuration file every command reads (default: discovered)."""
+    return click.option("--config", type=PATH,
+                        help="Configuration file (default: the nearest autocast-onnx.toml or pyproject.toml "
+                             "with [tool.autocast-onnx]).")(f)
+
+
+def verbose_option(f):
+    """-v: debug log lines of every stage and pass on stderr."""
+    return click.option("-v", "--verbose", is_flag=True, help="Log each stage and pass (stderr).")(f)
+
+
+def plan_options_group(keep_io: bool = True):
+    """What decides the plan: shared by convert, explain, lint and check, so that all of them
+    plan every node alike (flags override the configuration file)."""
     options = [
+        click.option("--precision", type=click.Choice(["fp16", "bf16"]), default=None,
+                     help="Low-precision type for the nodes that can take it [default: fp16, or the configuration's]."),
+        click.option("--rules", "rules", multiple=True, type=PATH,
+                     help="Extra rule file (TOML), applied over the default profile; repeatable, later wins."),
+        click.option("--exclude-op", multiple=True, type=TEXT, help="Keep every node of this op type in fp32 (repeatable)."),
+        click.option("--exclude-node", multiple=True, type=TEXT,
+                     help="Keep nodes whose name matches this regex in fp32 (repeatable)."),
+        click.option("--include-node", multiple=True, type=TEXT,
+                     help="Force nodes whose name matches this regex to low precision (repeatable)."),
+    ]
+    if keep_io:
+        options.insert(2, click.option("--keep-io-types/--no-keep-io-types", default=None,
+                                       help="Keep the types of the model's inputs and outputs [default: keep]."))
+    return _stack(options)
+
+
+def lint_options_group(f):
+    """Which lint checks run and what fails."""
+    return _stack([
+        click.option("--select", multiple=True, type=TEXT, help="Check codes, prefixes or names to run (repeatable; default all)."),
+        click.option("--ignore", multiple=True, type=TEXT, help="Check codes, prefixes or names to skip (repeatable)."),
+        click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest severity that fails [error]."),
+    ])(f)
+
+
+def _setup(config, verbose):
+    """(settings, configuration file) for a command, after turning on debug logs if asked."""
+    from ..config import load_settings
+
+    import logging
+
+    root = logging.getLogger("autocast_onnx")
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("autocast-onnx: %(name)s: %(message)s"))
+        root.handlers[:] = [handler]
+        root.setLevel(logging.DEBUG)
+    else:
+        root.handlers[:] = []
+        root.setLevel(logging.NOTSET)
+    return load_settings(config=config)
+
+
+def _plan_from(settings, kw, keep_io: bool = True):
+    from ..options import plan_options
+
+    return plan_options(settings, precision=kw.get("precision"), rules=kw.get("rules", ()),
+                        keep_io_types=kw.get("keep_io_types") if keep_io else None,
+                        exclude_ops=kw.get("exclude_op", ()), exclude_nodes=kw.get("exclude_node", ()),
+                        include_nodes=kw.get("include_node", ()))
+
+
+def _given(ctx, names) -> list[str]:
+    """The options among `names` given on the command line (not left at their defaults)."""
+    from click.core import ParameterSource
+
+    out = []
+    for param in ctx.command.params:
+        if param.name in names and ctx.get_parameter_source(param.name) not in (ParameterSource.DEFAULT, None):
+            out.append(next((o for o in param.opts if o.startswith("--")), param.opts[0]))
+    return out
+
+
+def _refuse_unused(ctx, names, why: str, hint: str) -> None:
+    """Nothing silent: an option that would do nothing in this run is an error."""
+    given = _given(ctx, names)
+    if given:
+        raise AutocastError(f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}", None, hint)
+
+
+
+def validation_options(f):
+    """Options shared by `validate`, `convert --validate` and `check`."""
+    return _stack([
         click.option("--inputs", type=PATH, help="An .npz file (one batch) or a folder of .npz files."),
         click.option("--dim", "dims", multiple=True, type=TEXT, help="Value of a symbolic dimension, NAME=VALUE (repeatable)."),
         click.option("--input-range", "ranges", multiple=True, type=TEXT, help="Range of generated values, NAME=LO:HI (repeatable)."),
         click.option("--batches", type=click.IntRange(1, MAX_BATCHES), default=1, show_default=True,
                      help="Generated batches when no --inputs."),
-        click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True,
+        click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
                      help="Seed for generated inputs (0 to 2**32-1)."),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                      help="Where to run: CUDA when onnxruntime-gpu and a GPU are there (auto), or force one."),
@@ -117,82 +213,13 @@ def validation_options(f):
                      help="Untimed runs first."),
         click.option("--report-json", type=PATH, help="Write the report as JSON ('-': stdout)."),
         click.option("--report-html", type=PATH, help="Write a self-contained HTML report ('-': stdout)."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    ])(f)
 
 
-# Allowed values of each threshold (command line, configuration file and --target).
-THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0),
-                    "min_top1": (0.0, 1.0)}
-
-
-def _check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
-    low, high = THRESHOLD_BOUNDS[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
-        bound = " >= 0" if high == math.inf else f" from {low:g} to {high:g}"
-        raise AutocastError(f"{label or flag} must be a finite number{bound}, not {value!r}", flag, hint)
-
-
-def _validate_options(kw, settings=None):
-    from ..config import load_settings
-    from ..validate.core import ValidateOptions
-    from ..validate.inputs import parse_assignments, parse_ranges
-    from ..validate.metrics import Thresholds
-
-    if settings is None:
-        settings, _ = load_settings()
-    thresholds = Thresholds()
-    for key in THRESHOLD_BOUNDS:
-        value = kw.get(key)
-        if value is None:
-            value = settings.get(key, getattr(thresholds, key))
-        if value is not None:
-            _check_threshold(key, value, "--" + key.replace("_", "-"),
-                             "fix the threshold (command line or [tool.autocast-onnx])")
-        setattr(thresholds, key, value)
-    return ValidateOptions(inputs=kw.get("inputs"), dims=parse_assignments(kw.get("dims", ()), "dim"),
-                           ranges=parse_ranges(kw.get("ranges", ())), batches=kw.get("batches", 1),
-                           seed=kw.get("seed", 0), device=kw.get("device", "auto"),
-                           numerics=kw.get("numerics", "auto"), thresholds=thresholds,
-                           speed=kw.get("speed", True), iterations=kw.get("iterations", 20),
-                           warmup=kw.get("warmup", 3), class_outputs=list(kw.get("class_outputs", ())))
-
-
-def _parse_targets(targets):
-    from ..validate.search import parse_target
-
-    goal = parse_target(targets)
-    keys = {"atol": "atol", "rtol": "rtol", "min_cosine": "cosine", "min_top1": "top1"}
-    for key, name in keys.items():
-        value = getattr(goal, key)
-        if value is not None:
-            _check_threshold(key, value, "--target", "e.g. --target cosine=0.9999,top1=0.99", f"{name}=")
-    return goal
-
-
-def _precheck_validation(model_path, options) -> None:
-    """Everything validation would refuse about its options, checked before a conversion so that
-    `convert --validate` and `check` refuse bad options before writing anything: --dim and
-    --input-range names and values, the size of generated inputs, --inputs archives (headers
-    only), --class-output names."""
-    from ..io import load_model
-    from ..validate.inputs import check_batches, check_generated_size, describe_inputs, plan_inputs
-
-    source = load_model(model_path, load_external=False).model
-    specs = describe_inputs(source)
-    plan = plan_inputs(specs, options.dims, options.ranges)
-    if options.inputs:
-        check_batches(options.inputs, specs)
-    else:
-        check_generated_size(plan)
-    outputs = [o.name for o in source.graph.output]
-    unknown = set(options.class_outputs) - set(outputs)
-    if unknown:
-        raise AutocastError(f"--class-output names unknown output(s): {', '.join(sorted(unknown))}", str(model_path),
-                            "outputs are: " + ", ".join(outputs))
+# validation options by what uses them: the comparison alone, or also the --target search's inputs
+_COMPARE_ONLY = ("atol", "rtol", "min_cosine", "min_top1", "class_outputs", "speed", "iterations", "warmup",
+                 "numerics", "report_json", "report_html")
+_INPUT_OPTIONS = ("inputs", "dims", "ranges", "batches", "seed")
 
 
 def _progress(label, total):
@@ -239,17 +266,9 @@ def cli() -> None:
 @cli.command()
 @click.argument("model", type=PATH)
 @click.option("-o", "--output", type=PATH, help="Output model (default: MODEL.<precision>.onnx beside the input).")
-@click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True,
-              help="Low-precision type for the nodes that can take it.")
-@click.option("--rules", "rules", multiple=True, type=PATH,
-              help="Extra rule file (TOML), applied over the default profile; repeatable, later wins.")
-@click.option("--keep-io-types/--no-keep-io-types", default=True, show_default=True,
-              help="Keep the types of the model's inputs and outputs.")
-@click.option("--exclude-op", multiple=True, type=TEXT, help="Keep every node of this op type in fp32 (repeatable).")
-@click.option("--exclude-node", multiple=True, type=TEXT,
-              help="Keep nodes whose name matches this regex in fp32 (repeatable).")
-@click.option("--include-node", multiple=True, type=TEXT,
-              help="Force nodes whose name matches this regex to low precision (repeatable).")
+@plan_options_group()
+@click.option("--plan", "plan_file", type=PATH,
+              help="Apply this plan (written by --plan-out, maybe edited) instead of planning; it must belong to MODEL.")
 @click.option("--plan-out", type=PATH, help="Write the precision plan (JSON) here ('-': stdout).")
 @click.option("--external-data/--no-external-data", default=None,
               help="Write initializers to MODEL.onnx.data (default: when the input had external data or the model is over 2 GB).")
@@ -263,13 +282,16 @@ def cli() -> None:
 @click.option("--validate", "run_validate", is_flag=True,
               help="Then validate the result against MODEL (accuracy and speed; exit 1 if a threshold fails).")
 @validation_options
-def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_node, include_node, plan_out,
-            external_data, check, quiet, calibration_data, targets, run_validate, **validation) -> None:
+@config_option
+@verbose_option
+@click.pass_context
+def convert(ctx, model, output, plan_file, plan_out, external_data, check, quiet, calibration_data, targets,
+            run_validate, config, verbose, **kw) -> None:
     """Convert MODEL to mixed precision and print a summary."""
     from ..report import conversion_summary
 
-    report_json = validation.get("report_json") if run_validate else None
-    report_html = validation.get("report_html") if run_validate else None
+    report_json = kw.get("report_json")
+    report_html = kw.get("report_html")
     to_stderr = _to_stdout(plan_out, report_json, report_html)   # stdout holds the report alone
 
     def echo(text=""):
@@ -277,59 +299,62 @@ def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_
             click.echo(text, err=to_stderr)
 
     def body(written):
-        from ..config import load_settings
         from ..io import check_outputs, load_model
-        from ..pipeline import convert_file, default_output_path
+        from ..options import validate_options
+        from ..pipeline import convert_file, default_output_path, plan_on_data
+        from ..validate.core import precheck
 
+        if not run_validate:
+            _refuse_unused(ctx, _COMPARE_ONLY, "without --validate", "add --validate or drop them")
+            if not targets:
+                _refuse_unused(ctx, _INPUT_OPTIONS, "without --validate or --target",
+                               "add --validate or --target, or drop them")
+                if calibration_data is None:
+                    _refuse_unused(ctx, ("device",), "without --validate, --target or --calibration-data",
+                                   "drop it")
+        settings, config_file = _setup(config, verbose)
+        plan = _plan_from(settings, kw)
+        replay = None
+        if plan_file is not None:
+            from ..plan import PrecisionPlan
+
+            _refuse_unused(ctx, ("precision", "rules", "exclude_op", "exclude_node", "include_node",
+                                 "keep_io_types", "calibration_data", "targets"),
+                           "with --plan: the plan decides every node", "edit the plan's node precisions instead")
+            replay = PrecisionPlan.load(plan_file)
+        precision = replay.target.value if replay is not None else plan.precision.value
         if output is None and (not Path(model).exists() or Path(model).is_dir()):
             load_model(model)      # no default output beside it: say what is wrong with MODEL
         out = output or default_output_path(model, precision)
-        settings, config_file = load_settings()
-        options = _validate_options(validation, settings)  # refuse bad validation flags before any work
-        goal = _parse_targets(targets) if targets else None
+        options = validate_options(settings, **kw)  # refuse bad validation flags before any work
+        goal = None
+        if targets:
+            from ..options import parse_targets
+
+            goal = parse_targets(targets)
         check_outputs([("-o", out), ("--plan-out", plan_out), ("--report-json", report_json),
                        ("--report-html", report_html)],
-                      [model, calibration_data, options.inputs, config_file, *rules], models=["-o"],
+                      [model, calibration_data, options.inputs, config_file, plan_file, *plan.rules], models=["-o"],
                       read_back=["-o"] if run_validate else [],
                       # convert_file checks -o and --plan-out against the input's data files itself
                       model_inputs=[model] if run_validate else [])
         if run_validate:
-            _precheck_validation(model, options)
-        convert_options = dict(precision=precision, rules=list(rules), keep_io_types=keep_io_types,
-                               exclude_ops=list(exclude_op), exclude_nodes=list(exclude_node),
-                               include_nodes=list(include_node))
-        calibration = force = None
-        if calibration_data is not None or goal is not None:
-            from ..validate import runner
-            from ..validate.inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
-
-            source = load_model(model).model
-            specs = describe_inputs(source)
-            if calibration_data is not None:
-                check_batches(calibration_data, specs)
-            if goal is not None and options.inputs:
-                check_batches(options.inputs, specs)
-            device, _ = runner.resolve_device(options.device)
-            if calibration_data is not None:
-                from ..validate.calibrate import calibrate
-
-                calibration = calibrate(source, load_batches(calibration_data, specs), device, _progress)
-            if goal is not None:
-                from ..validate.search import search
-
-                if options.inputs:
-                    batches = load_batches(options.inputs, specs)
-                else:
-                    in_plan = plan_inputs(specs, options.dims, options.ranges)
-                    batches = [generate(in_plan, seed=options.seed + k) for k in range(options.batches)]
-                force, log = search(source, batches, dict(convert_options, calibration=calibration), goal,
-                                    device, _progress)
-                kept = ", ".join(log["kept"]) if log["kept"] else "none"
-                echo(f"--target search: {log['evaluations']} evaluations over {log['candidates']} "
-                     f"low-precision nodes; kept fp32: {kept}")
+            precheck(model, options)
+        measured = plan_on_data(model, plan, calibration_data=calibration_data, targets=targets if goal else (),
+                                validation=options, progress=_progress)
+        if measured.search_log is not None:
+            log = measured.search_log
+            kept = ", ".join(log["kept"]) if log["kept"] else "none"
+            echo(f"--target search: {log['evaluations']} evaluations over {log['candidates']} "
+                 f"low-precision nodes; kept fp32: {kept}")
         written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
-        result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check,
-                              calibration=calibration, force_fp32=force, **convert_options)
+        if replay is not None:
+            result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check,
+                                  plan=replay)
+        else:
+            result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check,
+                                  calibration=measured.calibration, force_fp32=measured.force_fp32,
+                                  **plan.convert_kwargs())
         echo(conversion_summary(result, model, out))
         if plan_out:
             echo(f"plan written to {'stdout' if str(plan_out) == '-' else plan_out}")
@@ -353,20 +378,22 @@ def convert(model, output, precision, rules, keep_io_types, exclude_op, exclude_
 @click.argument("converted", type=PATH)
 @validation_options
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; use the exit code.")
-def validate(reference, converted, quiet, **kw) -> None:
+@config_option
+@verbose_option
+def validate(reference, converted, quiet, config, verbose, **kw) -> None:
     """Compare CONVERTED against REFERENCE: per-output accuracy and speed.
 
     Exit codes: 0 every output passes, 1 a threshold failed, 2 usage or input error, 3 internal error."""
     report_json, report_html = kw.get("report_json"), kw.get("report_html")
 
     def body(written):
-        from ..config import load_settings
         from ..io import check_outputs
+        from ..options import validate_options
         from ..report.validation import validation_text
         from ..validate.core import validate as run_validation
 
-        settings, config_file = load_settings()
-        options = _validate_options(kw, settings)
+        settings, config_file = _setup(config, verbose)
+        options = validate_options(settings, **kw)
         check_outputs([("--report-json", report_json), ("--report-html", report_html)],
                       [reference, converted, options.inputs, config_file], model_inputs=[reference, converted])
         written.track(report_json, report_html)
@@ -378,17 +405,6 @@ def validate(reference, converted, quiet, **kw) -> None:
 
     passed = run_guarded(body, doing="validating", subject=f"{converted} against {reference}")
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
-
-
-def _lint_options(settings, select, ignore, fail_on, precision, rules):
-    from ..lint.engine import LintOptions, Suppression
-
-    suppress = [Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
-                for e in settings.get("suppress", [])]
-    return LintOptions(select=list(select) or settings.get("select", ["AC"]),
-                       ignore=list(ignore) or settings.get("ignore", []),
-                       fail_on=fail_on or settings.get("fail_on", "error"), precision=precision,
-                       suppress=suppress, rules=list(rules) or settings.get("rules", []))
 
 
 def _write_or_echo(text: str, output) -> None:
@@ -404,32 +420,37 @@ def _write_or_echo(text: str, output) -> None:
 @click.argument("models", nargs=-1, required=True, type=PATH)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif"]), default="text", show_default=True)
 @click.option("-o", "--output", type=PATH, help="Write the report here instead of stdout ('-': stdout).")
-@click.option("--select", multiple=True, type=TEXT, help="Check codes, prefixes or names to run (repeatable; default all).")
-@click.option("--ignore", multiple=True, type=TEXT, help="Check codes, prefixes or names to skip (repeatable).")
-@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest severity that fails [error].")
-@click.option("--precision", type=click.Choice(["fp16", "bf16"]), help="For fp32 models: the low type to check against [fp16].")
-@click.option("--rules", multiple=True, type=PATH, help="Conversion rule files (decide what the rules protect).")
-@click.option("--config", type=PATH, help="Configuration file (default: discovered).")
-def lint(models, fmt, output, select, ignore, fail_on, precision, rules, config) -> None:
+@lint_options_group
+@plan_options_group(keep_io=False)
+@config_option
+@verbose_option
+def lint(models, fmt, output, select, ignore, fail_on, config, verbose, **kw) -> None:
     """Find numerically unsafe low-precision ops in MODELS (converted, or fp32 as if converted).
 
+    For fp32 models, --precision is the type to check against and the plan options decide which
+    findings the conversion protects (reported as info).
+
     Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 usage or input error, 3 internal error."""
-    from ..config import load_settings
+    from dataclasses import replace
+
     from ..lint import lint as run_lint
     from ..report.lint import lint_json, lint_text, sarif_json
 
     def body(written):
         from ..io import check_outputs
+        from ..options import lint_options
 
-        settings, config_file = load_settings(config=config)
-        options = _lint_options(settings, select, ignore, fail_on, precision, rules)
+        settings, config_file = _setup(config, verbose)
+        plan = _plan_from(settings, kw, keep_io=False)
+        options = lint_options(settings, select=select, ignore=ignore, fail_on=fail_on, plan=plan,
+                               precision_given=bool(kw.get("precision") or settings.get("precision")))
         check_outputs([("-o", output)], [*models, config_file, *options.rules], model_inputs=models)
         written.track(output)
         if len(models) > 1:
             # configuration suppressions are judged over all the models together
             from ..lint.engine import unused_config_suppressions
 
-            options.report_unused_config = False
+            options = replace(options, report_unused_config=False)
             results = [run_lint(m, options) for m in models]
             results[-1].diagnostics.extend(unused_config_suppressions(results, options))
         else:
@@ -473,33 +494,20 @@ def rules_cmd(fmt) -> None:
 @cli.command()
 @click.argument("model", type=PATH)
 @click.argument("node", type=TEXT)
-@click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
-@click.option("--rules", multiple=True, type=PATH, help="Extra rule files, as for convert.")
-@click.option("--exclude-op", multiple=True, type=TEXT)
-@click.option("--exclude-node", multiple=True, type=TEXT)
-@click.option("--include-node", multiple=True, type=TEXT)
+@plan_options_group()
 @click.option("--calibration-data", type=PATH, help="Measure tensor ranges on this data first.")
-def explain(model, node, precision, rules, exclude_op, exclude_node, include_node, calibration_data) -> None:
+@config_option
+@verbose_option
+def explain(model, node, calibration_data, config, verbose, **kw) -> None:
     """Say which precision NODE of MODEL gets and why: the rules that fired (file:line) and
     measured values. NODE is a node name, or #ID for the plan's node id."""
-    from ..io import load_model
-    from ..pipeline import convert
+    from ..pipeline import convert, plan_on_data
 
     def body(written):
-        source = load_model(model).model
-        ranges = None
-        if calibration_data is not None:
-            from ..validate import runner
-            from ..validate.calibrate import calibrate
-            from ..validate.inputs import check_batches, describe_inputs, load_batches
-
-            specs = describe_inputs(source)
-            check_batches(calibration_data, specs)
-            device, _ = runner.resolve_device("auto")
-            ranges = calibrate(source, load_batches(calibration_data, specs), device)
-        result = convert(model, precision=precision, rules=list(rules), exclude_ops=list(exclude_op),
-                         exclude_nodes=list(exclude_node), include_nodes=list(include_node), check="none",
-                         calibration=ranges)
+        settings, _ = _setup(config, verbose)
+        plan = _plan_from(settings, kw)
+        measured = plan_on_data(model, plan, calibration_data=calibration_data)
+        result = convert(model, check="none", calibration=measured.calibration, **plan.convert_kwargs())
         entries = result.plan.by_name(node)
         if not entries and node.startswith("#") and node[1:].isdigit():
             entries = [e for e in result.plan.nodes if e.id == int(node[1:])]
@@ -526,114 +534,71 @@ def explain(model, node, precision, rules, exclude_op, exclude_node, include_nod
     run_guarded(body, doing="explaining", subject=f"node {node!r} of {model}")
 
 
-def _check_steps(model, out, output, precision, options, vopts, skip_validate):
-    """lint -> convert -> lint -> validate, for `check`."""
-    from ..lint import lint as run_lint
-    from ..lint.engine import unused_config_suppressions
-    from ..pipeline import convert_file
-
-    before = run_lint(model, options)
-    converted = convert_file(model, out, precision=precision, rules=options.rules)
-    after = run_lint(out, options)
-    if output is None:
-        # the converted file is temporary: findings point at the model that was checked
-        after.model = str(model)
-        for d in after.diagnostics:
-            d.model = str(model)
-    after.diagnostics.extend(unused_config_suppressions([before, after], options))
-    validation_report = None
-    if not skip_validate:
-        from ..validate.core import validate
-
-        validation_report = validate(model, out, vopts, progress=_progress)
-    return before, after, converted, validation_report
-
-
 @cli.command()
 @click.argument("model", type=PATH)
 @click.option("-o", "--output", type=PATH, help="Keep the converted model here (default: a temporary file).")
-@click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
-@click.option("--rules", multiple=True, type=PATH, help="Extra conversion rule files.")
-@click.option("--select", multiple=True, type=TEXT, help="Lint checks to run (codes, prefixes, names).")
-@click.option("--ignore", multiple=True, type=TEXT, help="Lint checks to skip.")
-@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest lint severity that fails [error].")
+@plan_options_group()
+@lint_options_group
 @click.option("--baseline", type=PATH, help="A previous --report-json: fail only on new findings or regressions.")
 @click.option("--sarif", type=PATH, help="Write the lint findings as SARIF 2.1.0 ('-': stdout).")
-@click.option("--config", type=PATH, help="Configuration file (default: discovered).")
 @click.option("--no-validate", "skip_validate", is_flag=True, help="Skip the accuracy/speed validation.")
 @validation_options
-def check(model, output, precision, rules, select, ignore, fail_on, baseline, sarif, config, skip_validate,
-          **validation) -> None:
+@config_option
+@verbose_option
+@click.pass_context
+def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_validate, config, verbose,
+          **kw) -> None:
     """The CI gate: lint MODEL, convert it, lint the result, validate it; one summary, one exit code.
 
     Exit codes: 0 pass, 1 findings at or above --fail-on or a failed threshold (with --baseline: only
     new findings and regressions), 2 usage or input error, 3 internal error."""
     import json as _json
-    import tempfile
 
-    from ..config import load_settings
     from ..io import write_text_atomic
-    from ..report.checkgate import check_summary, compare_baseline
-    from ..report.lint import lint_dict, sarif_json
+    from ..report.checkgate import check_summary
+    from ..report.lint import sarif_json
 
-    report_json = validation.pop("report_json", None)
-    report_html = validation.pop("report_html", None)
+    report_json = kw.get("report_json")
+    report_html = kw.get("report_html")
 
     def body(written):
+        from ..gate import check as run_check
+        from ..gate import load_baseline
         from ..io import check_outputs
+        from ..options import lint_options, validate_options
+        from ..validate.core import precheck
 
-        settings, source = load_settings(config=config)
-        options = _lint_options(settings, select, ignore, fail_on, None, rules)
-        options.precision = precision
-        vopts = _validate_options(validation, settings)
-        prior = None
-        if baseline is not None:
-            try:
-                prior = _json.loads(Path(baseline).read_text())
-                prior["lint_converted"]["diagnostics"]
-            except (OSError, ValueError, KeyError, TypeError):
-                raise AutocastError("not a check report (--report-json of autocast-onnx check)", str(baseline),
-                                    "write one with --report-json") from None
+        if skip_validate:
+            # check's --report-json is the gate's report, written either way
+            _refuse_unused(ctx, tuple(n for n in _COMPARE_ONLY if n != "report_json") + _INPUT_OPTIONS + ("device",),
+                           "with --no-validate", "drop them or run the validation")
+        settings, source = _setup(config, verbose)
+        plan = _plan_from(settings, kw)
+        options = lint_options(settings, select=select, ignore=ignore, fail_on=fail_on, plan=plan)
+        vopts = validate_options(settings, **kw)
+        prior = load_baseline(baseline) if baseline is not None else None
         check_outputs([("-o", output), ("--report-json", report_json), ("--report-html", report_html),
                        ("--sarif", sarif)],
-                      [model, baseline, vopts.inputs, source, config, *options.rules], models=["-o"],
+                      [model, baseline, vopts.inputs, source, config, *plan.rules], models=["-o"],
                       read_back=["-o"], model_inputs=[model])
         if not skip_validate:
-            _precheck_validation(model, vopts)
-        # configuration suppressions are judged over both lints: a finding the conversion removes
-        # does not make its suppression "unused"
-        options.report_unused_config = False
+            precheck(model, vopts)
         if output is not None:
             written.track(output, Path(output).with_name(Path(output).name + ".data"))
         written.track(report_json, report_html, sarif)
-        with tempfile.TemporaryDirectory() as tmp:
-            out = output or Path(tmp) / f"{Path(model).stem}.{precision}.onnx"
-            before, after, converted, validation_report = _check_steps(
-                model, out, output, precision, options, vopts, skip_validate)
-        report = {
-            "schema_version": 1,
-            "model": str(model),
-            "converted": str(output) if output else None,
-            "config": source,
-            "fail_on": options.fail_on,
-            "lint_original": lint_dict([before]),
-            "conversion": {"precision": precision, "counts": converted.plan.counts(),
-                           "casts_added": converted.stats.casts_added,
-                           "warnings": [w.message for w in converted.plan.warnings]},
-            "lint_converted": lint_dict([after]),
-            "validation": validation_report,
-        }
-        report["gate"] = compare_baseline(report, prior, after, options.fail_on)
+        result = run_check(model, output=output, plan_options=plan, lint_options=options, validation=vopts,
+                           skip_validate=skip_validate, baseline=prior, config_source=source, progress=_progress)
+        report = result.report
         click.echo(check_summary(report), err=_to_stdout(report_json, report_html, sarif))
         if report_json is not None:
             write_text_atomic(Path(report_json), _json.dumps(report, indent=1, default=float, allow_nan=False) + "\n")
-        if report_html is not None and validation_report is not None:
+        if report_html is not None and report["validation"] is not None:
             from ..report.html import validation_html
 
-            write_text_atomic(Path(report_html), validation_html(validation_report))
+            write_text_atomic(Path(report_html), validation_html(report["validation"]))
         if sarif is not None:
-            write_text_atomic(Path(sarif), sarif_json(after.diagnostics) + "\n")
-        return report["gate"]["passed"]
+            write_text_atomic(Path(sarif), sarif_json(result.diagnostics) + "\n")
+        return result.passed
 
     passed = run_guarded(body, doing="checking", subject=model)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)

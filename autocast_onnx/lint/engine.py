@@ -32,7 +32,7 @@ class Suppression:
         return diag.node is not None and re.search(self.node, diag.node) is not None
 
 
-@dataclass
+@dataclass(frozen=True)
 class LintOptions:
     select: list = field(default_factory=lambda: ["AC"])
     ignore: list = field(default_factory=list)

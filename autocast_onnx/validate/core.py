@@ -25,7 +25,7 @@ CPU_SPEED_NOTE = ("measured on CPU: ONNX Runtime's CPU provider has few fp16 ker
                   "rest, so fp16 speed on CPU says nothing about speed on a GPU")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ValidateOptions:
     inputs: str | None = None          # .npz file or folder of .npz files
     dims: dict = field(default_factory=dict)
@@ -181,3 +181,24 @@ def _batch_size(feeds: dict) -> int:
         if value.ndim:
             return int(value.shape[0])
     return 1
+
+
+def precheck(model_path, options: ValidateOptions) -> None:
+    """Everything validation would refuse about its options, checked before a conversion so that
+    `convert --validate` and `check` refuse bad options before writing anything: --dim and
+    --input-range names and values, the size of generated inputs, --inputs archives (headers
+    only), --class-output names."""
+    from .inputs import check_batches, check_generated_size
+
+    source = load_model(model_path, load_external=False).model
+    specs = describe_inputs(source)
+    plan = plan_inputs(specs, options.dims, options.ranges)
+    if options.inputs:
+        check_batches(options.inputs, specs)
+    else:
+        check_generated_size(plan)
+    outputs = [o.name for o in source.graph.output]
+    unknown = set(options.class_outputs) - set(outputs)
+    if unknown:
+        raise AutocastError(f"--class-output names unknown output(s): {', '.join(sorted(unknown))}", str(model_path),
+                            "outputs are: " + ", ".join(outputs))
