@@ -182,7 +182,8 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
                                            f"{target} for this node's tensors"))
             continue
         planned.append(node)
-    log.debug("classify pass 2 (port roles): %d nodes planned, %d frozen", len(planned), sum(result.frozen))
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("classify pass 2 (port roles): %d nodes planned, %d frozen", len(planned), sum(result.frozen))
     return planned
 
 

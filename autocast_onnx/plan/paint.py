@@ -92,24 +92,32 @@ def _seed(state: _State) -> None:
         a node kept fp32 by a rule, data rule, schema or unknown type -> FP32; forced low -> LOW"""
     c = state.classification
     paint = state.paint
-    for node in state.nodes:
-        i = node.id
-        cat = c.categories[i]
-        ports = c.roles_in[i] + c.roles_out[i]
-        if cat == Category.NON_FLOAT or cat == Category.CONTROL_FLOW or (
-                _FOLLOW not in ports and PortRole.FP32 not in ports and not c.frozen[i]):
+    categories, seeds, frozen, roles_in, roles_out = c.categories, c.seeds, c.frozen, c.roles_in, c.roles_out
+    unplanned = Category.NON_FLOAT + Category.CONTROL_FLOW
+    follow, fp32 = PortRole.FOLLOW.value, PortRole.FP32.value
+    low, keep, deny, schema, allow = Category.LOW_PRECISION, Category.KEEP_FP32, Seed.DENY, Seed.SCHEMA, Seed.ALLOW
+    for i in range(len(paint)):
+        cat = categories[i]
+        if cat in unplanned:
             continue
-        seed = c.seeds[i]
-        if c.frozen[i] or seed == Seed.DENY or seed == Seed.SCHEMA:
+        if frozen[i]:
             paint[i] = _FP32
-        elif seed == Seed.ALLOW or cat == Category.LOW_PRECISION:
+            continue
+        ri, ro = roles_in[i], roles_out[i]
+        if follow not in ri and fp32 not in ri and follow not in ro and fp32 not in ro:
+            continue    # no float port follows the node, none is pinned: nothing to paint
+        seed = seeds[i]
+        if seed is not None:
+            paint[i] = _LOW if seed == allow else _FP32       # deny or schema
+        elif cat == low:
             paint[i] = _LOW
-        elif cat == Category.KEEP_FP32:
+        elif cat == keep:
             paint[i] = _FP32
         else:
             paint[i] = _OPEN
-    log.debug("paint pass 1 (seeds): %d low, %d fp32, %d undecided", paint.count(_LOW), paint.count(_FP32),
-              paint.count(_OPEN))
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("paint pass 1 (seeds): %d low, %d fp32, %d undecided", paint.count(_LOW), paint.count(_FP32),
+                  paint.count(_OPEN))
 
 
 def _propagate_fp32_taint(state: _State) -> None:
