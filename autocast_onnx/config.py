@@ -12,7 +12,6 @@ every node alike."""
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -72,8 +71,9 @@ def load_settings(start: Path | None = None, config: Path | None = None) -> tupl
     for key, value in section.items():
         norm = key.replace("-", "_")
         if norm not in ALL_KEYS:
-            raise AutocastError(f"unknown key '{key}'", where,
-                                "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS))
+            raise AutocastError(
+                f"unknown key '{key}'", where, "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS)
+            )
         if norm in VALIDATE_KEYS:
             from .options import check_threshold
 
@@ -90,20 +90,29 @@ def load_settings(start: Path | None = None, config: Path | None = None) -> tupl
                 raise AutocastError(f"keep-io-types must be true or false, not {value!r}", where, "fix the value")
         elif norm in ("select", "ignore", "rules", "exclude_op", "exclude_node", "include_node"):
             if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-                raise AutocastError(f"{key} must be a list of non-empty strings", where,
-                                    'e.g. ["AC1", "AC203"]' if norm in ("select", "ignore") else 'e.g. ["Softmax"]')
+                raise AutocastError(
+                    f"{key} must be a list of non-empty strings",
+                    where,
+                    'e.g. ["AC1", "AC203"]' if norm in ("select", "ignore") else 'e.g. ["Softmax"]',
+                )
             if norm == "rules":
-                value = [str((path.parent / v)) for v in value]
+                value = [str(path.parent / v) for v in value]
         elif norm == "fail_on":
             if value not in SEVERITIES:
-                raise AutocastError(f"fail-on must be one of {', '.join(SEVERITIES)}, not {value!r}", where,
-                                    "fix the value")
+                raise AutocastError(
+                    f"fail-on must be one of {', '.join(SEVERITIES)}, not {value!r}", where, "fix the value"
+                )
         elif norm == "suppress":
             if not isinstance(value, list) or not all(
-                    isinstance(v, dict) and set(v) <= {"code", "node"} and isinstance(v.get("code"), str)
-                    and isinstance(v.get("node", ".*"), str) for v in value):
-                raise AutocastError("suppress must be a list of { code = \"AC...\", node = \"regex\" } tables", where,
-                                    "fix the entries")
+                isinstance(v, dict)
+                and set(v) <= {"code", "node"}
+                and isinstance(v.get("code"), str)
+                and isinstance(v.get("node", ".*"), str)
+                for v in value
+            ):
+                raise AutocastError(
+                    'suppress must be a list of { code = "AC...", node = "regex" } tables', where, "fix the entries"
+                )
         settings[norm] = value
     settings["_source"] = where
     return settings, str(path)

@@ -12,19 +12,19 @@ SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 @dataclass
 class Diagnostic:
-    code: str                 # stable check code, e.g. "AC101"
-    name: str                 # kebab-case check name
-    severity: str             # info, warning, error
-    message: str              # what is wrong with this node, with measured values
-    fix: str                  # how to fix it
-    node: str | None = None   # node name (or "<Op #k>" for unnamed nodes); None for model-level findings
+    code: str  # stable check code, e.g. "AC101"
+    name: str  # kebab-case check name
+    severity: str  # info, warning, error
+    message: str  # what is wrong with this node, with measured values
+    fix: str  # how to fix it
+    node: str | None = None  # node name (or "<Op #k>" for unnamed nodes); None for model-level findings
     op_type: str | None = None
-    graph: str = "main"       # "main" or the path of the subgraph
-    node_index: int | None = None   # position of the node in its graph
+    graph: str = "main"  # "main" or the path of the subgraph
+    node_index: int | None = None  # position of the node in its graph
     model: str | None = None  # the model file
-    value: float | None = None      # a measured value the message cites
-    protected: bool | None = None   # fp32 models: whether the default conversion rules keep this safe
-    tensor: str | None = None       # the tensor concerned, when there is one
+    value: float | None = None  # a measured value the message cites
+    protected: bool | None = None  # fp32 models: whether the default conversion rules keep this safe
+    tensor: str | None = None  # the tensor concerned, when there is one
 
     def key(self) -> tuple:
         """Identity used to compare against a baseline: code, graph and node (or tensor)."""

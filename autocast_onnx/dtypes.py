@@ -20,8 +20,8 @@ TYPE_STR = {FLOAT: "tensor(float)", FLOAT16: "tensor(float16)", BFLOAT16: "tenso
 
 # Largest finite value and smallest positive subnormal of each low-precision type.
 LIMITS = {
-    FLOAT16: (65504.0, 2.0 ** -24),
-    BFLOAT16: (3.3895313892515355e38, 2.0 ** -133),
+    FLOAT16: (65504.0, 2.0**-24),
+    BFLOAT16: (3.3895313892515355e38, 2.0**-133),
 }
 
 

@@ -18,8 +18,8 @@ CHECK_SCHEMA_VERSION = 1
 
 @dataclass
 class CheckResult:
-    report: dict            # the check report (docs/check-report.schema.json)
-    diagnostics: list       # the converted model's findings, for SARIF
+    report: dict  # the check report (docs/check-report.schema.json)
+    diagnostics: list  # the converted model's findings, for SARIF
 
     @property
     def passed(self) -> bool:
@@ -32,14 +32,24 @@ def load_baseline(path: str | os.PathLike) -> dict:
         prior = json.loads(Path(path).read_text(encoding="utf-8"))
         prior["lint_converted"]["diagnostics"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise AutocastError("not a check report (--report-json of autocast-onnx check)", str(path),
-                            "write one with --report-json") from None
+        raise AutocastError(
+            "not a check report (--report-json of autocast-onnx check)", str(path), "write one with --report-json"
+        ) from None
     return prior
 
 
-def check(model: str | os.PathLike, *, output: str | os.PathLike | None = None, plan_options=None,
-          lint_options=None, validation=None, skip_validate: bool = False, baseline: dict | None = None,
-          config_source: str | None = None, progress=None) -> CheckResult:
+def check(
+    model: str | os.PathLike,
+    *,
+    output: str | os.PathLike | None = None,
+    plan_options=None,
+    lint_options=None,
+    validation=None,
+    skip_validate: bool = False,
+    baseline: dict | None = None,
+    config_source: str | None = None,
+    progress=None,
+) -> CheckResult:
     """Run the gate on `model` (a path). The converted model is kept at `output` when given
     (and removed again if the gate fails with an error), else written to a temporary folder.
     `baseline` is a previous report (see load_baseline): then only new findings and
@@ -57,8 +67,13 @@ def check(model: str | os.PathLike, *, output: str | os.PathLike | None = None, 
     lint_options = lint_options or _lint_options(plan=plan_options)
     # configuration suppressions are judged over both lints: a finding the conversion removes does not
     # make its suppression "unused"
-    lint_options = replace(lint_options, precision=plan_options.precision.value, report_unused_config=False,
-                           plan=plan_options, rules=list(plan_options.rules))
+    lint_options = replace(
+        lint_options,
+        precision=plan_options.precision.value,
+        report_unused_config=False,
+        plan=plan_options,
+        rules=list(plan_options.rules),
+    )
     validation = validation or ValidateOptions()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.precision}.onnx"
@@ -76,7 +91,7 @@ def check(model: str | os.PathLike, *, output: str | os.PathLike | None = None, 
             validation_report = None if skip_validate else validate(model, out, validation, progress=progress)
         except BaseException:
             if output is not None and not existed:
-                Path(output).unlink(missing_ok=True)   # a failed gate leaves no converted model behind
+                Path(output).unlink(missing_ok=True)  # a failed gate leaves no converted model behind
                 Path(str(output) + ".data").unlink(missing_ok=True)
             raise
     report = {
@@ -86,9 +101,12 @@ def check(model: str | os.PathLike, *, output: str | os.PathLike | None = None, 
         "config": config_source,
         "fail_on": lint_options.fail_on,
         "lint_original": lint_dict([before]),
-        "conversion": {"precision": plan_options.precision.value, "counts": converted.plan.counts(),
-                       "casts_added": converted.stats.casts_added,
-                       "warnings": [w.message for w in converted.plan.warnings]},
+        "conversion": {
+            "precision": plan_options.precision.value,
+            "counts": converted.plan.counts(),
+            "casts_added": converted.stats.casts_added,
+            "warnings": [w.message for w in converted.plan.warnings],
+        },
         "lint_converted": lint_dict([after]),
         "validation": validation_report,
     }

@@ -65,8 +65,11 @@ def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedMod
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError):
-        raise AutocastError("not an ONNX model (protobuf parse failed: truncated or corrupted?)", where,
-                            "re-export the model or check the download") from None
+        raise AutocastError(
+            "not an ONNX model (protobuf parse failed: truncated or corrupted?)",
+            where,
+            "re-export the model or check the download",
+        ) from None
     if not model.HasField("graph") or (not model.opset_import and model.ir_version == 0):
         raise AutocastError("not an ONNX model (no graph or opset in the file)", where, "pass a .onnx model file")
     loaded = LoadedModel(model=model, path=path, file_bytes=len(data))
@@ -99,24 +102,33 @@ def external_location(tensor: onnx.TensorProto, base_dir: Path, where: str) -> t
     base = Path(base_dir).resolve()
     target = (base / loc).resolve()
     if loc.is_absolute() or ".." in loc.parts or not target.is_relative_to(base):
-        raise AutocastError(f"{what}: external data location '{location}' is outside the model's folder",
-                            where, "external data must sit beside the model; refusing to read it")
+        raise AutocastError(
+            f"{what}: external data location '{location}' is outside the model's folder",
+            where,
+            "external data must sit beside the model; refusing to read it",
+        )
     if not target.is_file():
-        raise AutocastError(f"{what}: external data file '{location}' is missing", where,
-                            "copy the data file next to the model")
+        raise AutocastError(
+            f"{what}: external data file '{location}' is missing", where, "copy the data file next to the model"
+        )
     size = target.stat().st_size
     try:
         offset = int(info.get("offset", 0) or 0)
         length = int(info["length"]) if info.get("length") else size - offset
     except ValueError:
-        raise AutocastError(f"{what}: external data offset/length are not numbers", where,
-                            "re-save the model") from None
+        raise AutocastError(
+            f"{what}: external data offset/length are not numbers", where, "re-save the model"
+        ) from None
     if offset < 0 or length < 0:
-        raise AutocastError(f"{what}: external data offset {offset} / length {length} is negative", where,
-                            "re-save the model")
+        raise AutocastError(
+            f"{what}: external data offset {offset} / length {length} is negative", where, "re-save the model"
+        )
     if offset + length > size:
-        raise AutocastError(f"{what}: external data range {offset}+{length} exceeds '{location}' ({size} bytes)",
-                            where, "the data file is truncated or belongs to another model")
+        raise AutocastError(
+            f"{what}: external data range {offset}+{length} exceeds '{location}' ({size} bytes)",
+            where,
+            "the data file is truncated or belongs to another model",
+        )
     return target, offset, length, location
 
 
@@ -144,8 +156,11 @@ def tensor_bytes(tensor: onnx.TensorProto, base_dir: Path | None) -> bytes:
     """The little-endian payload of a tensor, wherever it is stored (one tensor in memory)."""
     if is_external(tensor):
         if base_dir is None:
-            raise AutocastError(f"initializer '{tensor.name}' uses external data but the model has no folder",
-                                None, "load the model from its file")
+            raise AutocastError(
+                f"initializer '{tensor.name}' uses external data but the model has no folder",
+                None,
+                "load the model from its file",
+            )
         return read_external(tensor, base_dir)
     if tensor.HasField("raw_data"):
         return tensor.raw_data
@@ -160,8 +175,9 @@ def tensor_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
         if tensor.data_type == onnx.TensorProto.BFLOAT16:
             return np.frombuffer(tensor_bytes(tensor, None), dtype="<u2").reshape(tuple(tensor.dims))
         return numpy_helper.to_array(tensor)
-    dtype = {onnx.TensorProto.BFLOAT16: "<u2"}.get(tensor.data_type) or \
-        np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    dtype = {onnx.TensorProto.BFLOAT16: "<u2"}.get(tensor.data_type) or np.dtype(
+        onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    ).newbyteorder("<")
     return np.frombuffer(tensor_bytes(tensor, base_dir), dtype=dtype).reshape(tuple(tensor.dims))
 
 
@@ -196,8 +212,11 @@ def stat_output_kind(st: os.stat_result, where: str = "<output>") -> str:
     if stat.S_ISDIR(mode):
         raise AutocastError("output path is a directory", where, "give a file name")
     what = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-    raise AutocastError(f"output path is {what}", where,
-                        "give a regular file, a FIFO or a character device such as /dev/null; '-' is stdout")
+    raise AutocastError(
+        f"output path is {what}",
+        where,
+        "give a regular file, a FIFO or a character device such as /dev/null; '-' is stdout",
+    )
 
 
 def output_kind(path) -> str:
@@ -207,7 +226,7 @@ def output_kind(path) -> str:
         return "stdout"
     try:
         st = os.stat(path)
-    except OSError:       # not there yet (or its folder is missing: the folder check says so)
+    except OSError:  # not there yet (or its folder is missing: the folder check says so)
         return "file"
     return stat_output_kind(st, str(path))
 
@@ -219,7 +238,7 @@ def _same_file(a: Path, b: Path) -> bool:
     except (OSError, RuntimeError):
         pass
     try:
-        return os.path.samefile(a, b)       # symlinks, hard links, other spellings
+        return os.path.samefile(a, b)  # symlinks, hard links, other spellings
     except OSError:
         return False
 
@@ -236,7 +255,7 @@ def _stdout_is(path: Path) -> bool:
     stdout is redirected to)."""
     try:
         return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(path))
-    except (AttributeError, OSError, ValueError):   # no real stdout (captured), or no such file
+    except (AttributeError, OSError, ValueError):  # no real stdout (captured), or no such file
         return False
 
 
@@ -270,18 +289,23 @@ def _protected_files(inputs, model_inputs, outputs) -> list[tuple[Path, str]]:
             continue
         folder = Path(item).resolve().parent
         if not any(out.resolve().is_relative_to(folder) for out in outputs):
-            continue     # no output where its external data can be: no need to read the model
+            continue  # no output where its external data can be: no need to read the model
         try:
             external = load_model(item, load_external=False).external_files
-        except Exception:  # noqa: BLE001 - the command's own load reports an unusable model
+        except Exception:
             external = []
         found.extend((Path(item).parent / name, "model data") for name in external)
     return found
 
 
-def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]], inputs: Iterable = (), *,
-                  models: Collection[str] = (), read_back: Collection[str] = (),
-                  model_inputs: Iterable = ()) -> None:
+def check_outputs(
+    outputs: Iterable[tuple[str, str | os.PathLike | None]],
+    inputs: Iterable = (),
+    *,
+    models: Collection[str] = (),
+    read_back: Collection[str] = (),
+    model_inputs: Iterable = (),
+) -> None:
     """Refuse, before any work is done, outputs that cannot all be written as asked.
 
     `outputs` are (option flag, path) pairs, path None when the option is not given; '-' is
@@ -296,14 +320,17 @@ def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]], input
     count; several outputs on the null device are allowed), two outputs on stdout, an output that
     is an input, an output in a folder that does not exist, and a directory, block device or
     socket given as an output."""
-    entries: list[tuple[str, Path | str, str | None]] = []    # (flag, path or STDOUT, model flag of a data file)
+    entries: list[tuple[str, Path | str, str | None]] = []  # (flag, path or STDOUT, model flag of a data file)
     for flag, path in outputs:
         if path is None:
             continue
         if is_stdout(path):
             if flag in models:
-                raise AutocastError("cannot write the model to stdout ('-')", flag,
-                                    "give a file path; a model is binary and may need a data file beside it")
+                raise AutocastError(
+                    "cannot write the model to stdout ('-')",
+                    flag,
+                    "give a file path; a model is binary and may need a data file beside it",
+                )
             entries.append((flag, STDOUT, None))
             continue
         path = Path(path)
@@ -313,8 +340,11 @@ def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]], input
             if not parent.is_dir():
                 raise AutocastError("output folder does not exist", str(parent), "create it first")
         elif flag in read_back:
-            raise AutocastError(f"{flag} must be a regular file: this command reads the file back after writing it",
-                                str(path), "give a file path")
+            raise AutocastError(
+                f"{flag} must be a regular file: this command reads the file back after writing it",
+                str(path),
+                "give a file path",
+            )
         entries.append((flag, path, None))
         if flag in models and kind == "file":
             entries.append((flag, path.with_name(path.name + ".data"), flag))
@@ -326,26 +356,37 @@ def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]], input
         for item, why in protected:
             if _same_file(path, item):
                 if why == "model data" or data_of is not None:
-                    raise AutocastError(f"writing {path.name} would overwrite a file of the input model", str(path),
-                                        "choose another -o; autocast-onnx never modifies its input")
-                raise AutocastError(f"output path is the input (or another file this command reads), given to {flag}",
-                                    str(path), "choose another path; autocast-onnx never overwrites its input")
+                    raise AutocastError(
+                        f"writing {path.name} would overwrite a file of the input model",
+                        str(path),
+                        "choose another -o; autocast-onnx never modifies its input",
+                    )
+                raise AutocastError(
+                    f"output path is the input (or another file this command reads), given to {flag}",
+                    str(path),
+                    "choose another path; autocast-onnx never overwrites its input",
+                )
 
     for k, (flag, path, data_of) in enumerate(entries):
         for other, other_path, other_data_of in entries[:k]:
             if path is STDOUT and other_path is STDOUT:
-                raise AutocastError(f"{other} and {flag} both write to stdout ('-')", STDOUT,
-                                    "send at most one output to stdout")
+                raise AutocastError(
+                    f"{other} and {flag} both write to stdout ('-')", STDOUT, "send at most one output to stdout"
+                )
             if path is STDOUT or other_path is STDOUT:
                 file_flag, file_path = (other, other_path) if path is STDOUT else (flag, path)
                 if _stdout_is(file_path) and not _is_null_device(file_path):
-                    raise AutocastError(f"{file_flag} names the file stdout goes to, where "
-                                        f"{flag if path is STDOUT else other} writes too", str(file_path),
-                                        "give each output its own path")
+                    raise AutocastError(
+                        f"{file_flag} names the file stdout goes to, where "
+                        f"{flag if path is STDOUT else other} writes too",
+                        str(file_path),
+                        "give each output its own path",
+                    )
                 continue
-            if (data_of is not None and other_data_of is None and other == data_of) or \
-                    (other_data_of is not None and data_of is None and flag == other_data_of):
-                continue      # a model and its own data file
+            if (data_of is not None and other_data_of is None and other == data_of) or (
+                other_data_of is not None and data_of is None and flag == other_data_of
+            ):
+                continue  # a model and its own data file
             if _same_file(path, other_path) and not _is_null_device(path):
                 if data_of is not None or other_data_of is not None:
                     plain, model_flag = (other, data_of) if data_of is not None else (flag, other_data_of)
@@ -358,8 +399,11 @@ def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]], input
 def check_output_path(out_path: Path, in_path: Path | None) -> None:
     """Refuse to write a model over the input, to stdout, or into a folder that cannot take it."""
     if is_stdout(out_path):
-        raise AutocastError("cannot write the model to stdout ('-')", "-o",
-                            "give a file path; a model is binary and may need a data file beside it")
+        raise AutocastError(
+            "cannot write the model to stdout ('-')",
+            "-o",
+            "give a file path; a model is binary and may need a data file beside it",
+        )
     if in_path is not None:
         same = out_path.resolve() == in_path.resolve()
         if not same and out_path.exists():
@@ -368,10 +412,13 @@ def check_output_path(out_path: Path, in_path: Path | None) -> None:
             except OSError:
                 same = False
         if same:
-            raise AutocastError("output path is the input file", str(out_path),
-                                "choose another -o; autocast-onnx never overwrites its input")
+            raise AutocastError(
+                "output path is the input file",
+                str(out_path),
+                "choose another -o; autocast-onnx never overwrites its input",
+            )
     if output_kind(out_path) == "stream":
-        return        # written in place: no file is created in its folder
+        return  # written in place: no file is created in its folder
     parent = out_path.parent if str(out_path.parent) else Path(".")
     if not parent.is_dir():
         raise AutocastError("output folder does not exist", str(parent), "create it or choose another -o")
@@ -428,14 +475,21 @@ def _write_in_place(path: Path, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
 
-def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_data: bool | None = None,
-               in_path: Path | None = None, payload: bytes | None = None,
-               source_dir: Path | None = None, restore: bool = True) -> list[Path]:
+def save_model(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    in_path: Path | None = None,
+    payload: bytes | None = None,
+    source_dir: Path | None = None,
+    restore: bool = True,
+) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
     pointing at that file afterwards (no second copy of the weights is held for restoring).
@@ -447,8 +501,11 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
     if external_data is None:
         external_data = (len(payload) if payload is not None else model.ByteSize()) > PROTOBUF_LIMIT - 64 * 2**20
     if external_data and in_place:
-        raise AutocastError("cannot write external data beside a FIFO or device", str(out_path),
-                            "write the model to a regular file, or pass --no-external-data (models under 2 GB)")
+        raise AutocastError(
+            "cannot write external data beside a FIFO or device",
+            str(out_path),
+            "write the model to a regular file, or pass --no-external-data (models under 2 GB)",
+        )
     parent = out_path.parent if str(out_path.parent) else Path(".")
     temps: list[Path] = []
     moved: list[tuple[onnx.TensorProto, bytes]] = []
@@ -488,8 +545,14 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
                     offset += pad
                     fh.write(raw)
                     if restore:
-                        moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())
-                                      if not tensor.HasField("raw_data") else raw))
+                        moved.append(
+                            (
+                                tensor,
+                                onnx.TensorProto.FromString(tensor.SerializeToString())
+                                if not tensor.HasField("raw_data")
+                                else raw,
+                            )
+                        )
                     size = len(raw)
                     del raw
                     _set_external(tensor, data_name, offset, size)
@@ -508,7 +571,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
                     payload = None
         if payload is None or external_data:
             payload = model.SerializeToString()
-        if in_place:            # a FIFO or device (/dev/null): written as it is, never replaced
+        if in_place:  # a FIFO or device (/dev/null): written as it is, never replaced
             _write_in_place(out_path, payload)
             return []
         model_tmp = _temp_path(parent, out_path.name)
@@ -524,13 +587,16 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *, external_
                 os.replace(tmp, final)
                 done.append(final)
         except OSError:
-            for final in done:       # ours and incomplete without the rest: remove
+            for final in done:  # ours and incomplete without the rest: remove
                 final.unlink(missing_ok=True)
             raise
         return [final for _, final in finals]
     except OSError as exc:
-        raise AutocastError(f"cannot write output: {exc.strerror or exc}", str(out_path),
-                            "check free space and permissions; nothing was written") from None
+        raise AutocastError(
+            f"cannot write output: {exc.strerror or exc}",
+            str(out_path),
+            "check free space and permissions; nothing was written",
+        ) from None
     finally:
         for tmp in temps:
             if tmp.exists():
@@ -593,10 +659,18 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.HasField("raw_data"):
         return len(tensor.raw_data)
     count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-    itemsize = {onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.DOUBLE: 8,
-                onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8, onnx.TensorProto.INT8: 1,
-                onnx.TensorProto.UINT8: 1, onnx.TensorProto.BOOL: 1, onnx.TensorProto.INT16: 2,
-                onnx.TensorProto.UINT16: 2}.get(tensor.data_type, 4)
+    itemsize = {
+        onnx.TensorProto.FLOAT16: 2,
+        onnx.TensorProto.BFLOAT16: 2,
+        onnx.TensorProto.DOUBLE: 8,
+        onnx.TensorProto.INT64: 8,
+        onnx.TensorProto.UINT64: 8,
+        onnx.TensorProto.INT8: 1,
+        onnx.TensorProto.UINT8: 1,
+        onnx.TensorProto.BOOL: 1,
+        onnx.TensorProto.INT16: 2,
+        onnx.TensorProto.UINT16: 2,
+    }.get(tensor.data_type, 4)
     return count * itemsize
 
 

@@ -28,12 +28,12 @@ class PlanOptions:
     """Everything that decides the plan, besides the model and measured data."""
 
     precision: Precision = Precision.FP16
-    rules: tuple[str, ...] = ()             # extra rule files, applied in order over the default
+    rules: tuple[str, ...] = ()  # extra rule files, applied in order over the default
     keep_io_types: bool = True
-    exclude_ops: tuple[str, ...] = ()       # op types (or domain:op) kept fp32
-    exclude_nodes: tuple[str, ...] = ()     # node-name regexes kept fp32
-    include_nodes: tuple[str, ...] = ()     # node-name regexes forced low
-    source: str | None = field(default=None, compare=False)   # the configuration file, if any
+    exclude_ops: tuple[str, ...] = ()  # op types (or domain:op) kept fp32
+    exclude_nodes: tuple[str, ...] = ()  # node-name regexes kept fp32
+    include_nodes: tuple[str, ...] = ()  # node-name regexes forced low
+    source: str | None = field(default=None, compare=False)  # the configuration file, if any
 
     def __post_init__(self) -> None:
         try:
@@ -59,13 +59,26 @@ class PlanOptions:
 
     def convert_kwargs(self) -> dict:
         """The keyword arguments of `autocast_onnx.convert` these options stand for."""
-        return {"precision": self.precision.value, "rules": list(self.rules), "keep_io_types": self.keep_io_types,
-                "exclude_ops": list(self.exclude_ops), "exclude_nodes": list(self.exclude_nodes),
-                "include_nodes": list(self.include_nodes)}
+        return {
+            "precision": self.precision.value,
+            "rules": list(self.rules),
+            "keep_io_types": self.keep_io_types,
+            "exclude_ops": list(self.exclude_ops),
+            "exclude_nodes": list(self.exclude_nodes),
+            "include_nodes": list(self.include_nodes),
+        }
 
 
-def plan_options(settings: dict | None = None, *, precision=None, rules=(), keep_io_types=None, exclude_ops=(),
-                 exclude_nodes=(), include_nodes=()) -> PlanOptions:
+def plan_options(
+    settings: dict | None = None,
+    *,
+    precision=None,
+    rules=(),
+    keep_io_types=None,
+    exclude_ops=(),
+    exclude_nodes=(),
+    include_nodes=(),
+) -> PlanOptions:
     """PlanOptions from configuration `settings` (see config.load_settings) and flags: a flag that
     is given (not None, not empty) wins over the configuration."""
     settings = settings or {}
@@ -75,25 +88,31 @@ def plan_options(settings: dict | None = None, *, precision=None, rules=(), keep
             return flag
         return settings.get(key, default)
 
-    return PlanOptions(precision=pick(precision, "precision", "fp16"), rules=tuple(pick(tuple(rules), "rules", ())),
-                       keep_io_types=pick(keep_io_types, "keep_io_types", True),
-                       exclude_ops=tuple(pick(tuple(exclude_ops), "exclude_op", ())),
-                       exclude_nodes=tuple(pick(tuple(exclude_nodes), "exclude_node", ())),
-                       include_nodes=tuple(pick(tuple(include_nodes), "include_node", ())),
-                       source=settings.get("_source"))
+    return PlanOptions(
+        precision=pick(precision, "precision", "fp16"),
+        rules=tuple(pick(tuple(rules), "rules", ())),
+        keep_io_types=pick(keep_io_types, "keep_io_types", True),
+        exclude_ops=tuple(pick(tuple(exclude_ops), "exclude_op", ())),
+        exclude_nodes=tuple(pick(tuple(exclude_nodes), "exclude_node", ())),
+        include_nodes=tuple(pick(tuple(include_nodes), "include_node", ())),
+        source=settings.get("_source"),
+    )
 
 
 # Allowed values of each threshold (command line, configuration file and --target).
-THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0),
-                    "min_top1": (0.0, 1.0)}
-SEED_MAX = 2**32 - 1         # numpy seeds are unsigned 32-bit
+THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0), "min_top1": (0.0, 1.0)}
+SEED_MAX = 2**32 - 1  # numpy seeds are unsigned 32-bit
 
 
 def check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
     """Refuse a threshold outside THRESHOLD_BOUNDS (or not a finite number)."""
     low, high = THRESHOLD_BOUNDS[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         bound = " >= 0" if high == math.inf else f" from {low:g} to {high:g}"
         raise AutocastError(f"{label or flag} must be a finite number{bound}, not {value!r}", flag, hint)
 
@@ -113,20 +132,30 @@ def validate_options(settings: dict | None = None, **flags):
         if value is None:
             value = settings.get(key, getattr(thresholds, key))
         if value is not None:
-            check_threshold(key, value, "--" + key.replace("_", "-"),
-                            "fix the threshold (command line or [tool.autocast-onnx])")
+            check_threshold(
+                key, value, "--" + key.replace("_", "-"), "fix the threshold (command line or [tool.autocast-onnx])"
+            )
             value = float(value)
         setattr(thresholds, key, value)
     seed = flags.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-        raise AutocastError(f"--seed must be a whole number from 0 to 2**32-1, not {seed!r}", "--seed",
-                            "pick another seed")
-    return ValidateOptions(inputs=flags.get("inputs"), dims=parse_assignments(flags.get("dims", ()), "dim"),
-                           ranges=parse_ranges(flags.get("ranges", ())), batches=flags.get("batches", 1),
-                           seed=seed, device=flags.get("device", "auto"), numerics=flags.get("numerics", "auto"),
-                           thresholds=thresholds, speed=flags.get("speed", True),
-                           iterations=flags.get("iterations", 20), warmup=flags.get("warmup", 3),
-                           class_outputs=list(flags.get("class_outputs", ())))
+        raise AutocastError(
+            f"--seed must be a whole number from 0 to 2**32-1, not {seed!r}", "--seed", "pick another seed"
+        )
+    return ValidateOptions(
+        inputs=flags.get("inputs"),
+        dims=parse_assignments(flags.get("dims", ()), "dim"),
+        ranges=parse_ranges(flags.get("ranges", ())),
+        batches=flags.get("batches", 1),
+        seed=seed,
+        device=flags.get("device", "auto"),
+        numerics=flags.get("numerics", "auto"),
+        thresholds=thresholds,
+        speed=flags.get("speed", True),
+        iterations=flags.get("iterations", 20),
+        warmup=flags.get("warmup", 3),
+        class_outputs=list(flags.get("class_outputs", ())),
+    )
 
 
 def parse_targets(targets):
@@ -142,8 +171,15 @@ def parse_targets(targets):
     return goal
 
 
-def lint_options(settings: dict | None = None, *, select=(), ignore=(), fail_on=None, plan: PlanOptions | None = None,
-                 precision_given: bool = True):
+def lint_options(
+    settings: dict | None = None,
+    *,
+    select=(),
+    ignore=(),
+    fail_on=None,
+    plan: PlanOptions | None = None,
+    precision_given: bool = True,
+):
     """LintOptions from configuration `settings`, the lint flags and the plan options (the rules
     and selections that decide which findings the default conversion protects). With
     `precision_given` false an fp32 model is linted against the plan's precision only as a default."""
@@ -151,10 +187,16 @@ def lint_options(settings: dict | None = None, *, select=(), ignore=(), fail_on=
 
     settings = settings or {}
     plan = plan or plan_options(settings)
-    suppress = [Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
-                for e in settings.get("suppress", [])]
-    return LintOptions(select=list(select) or settings.get("select", ["AC"]),
-                       ignore=list(ignore) or settings.get("ignore", []),
-                       fail_on=fail_on or settings.get("fail_on", "error"),
-                       precision=plan.precision.value if precision_given else None,
-                       suppress=suppress, rules=list(plan.rules), plan=plan)
+    suppress = [
+        Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
+        for e in settings.get("suppress", [])
+    ]
+    return LintOptions(
+        select=list(select) or settings.get("select", ["AC"]),
+        ignore=list(ignore) or settings.get("ignore", []),
+        fail_on=fail_on or settings.get("fail_on", "error"),
+        precision=plan.precision.value if precision_given else None,
+        suppress=suppress,
+        rules=list(plan.rules),
+        plan=plan,
+    )

@@ -16,8 +16,16 @@ import onnx
 from .catalog import load_rules
 from .errors import AutocastError
 from .graph import build_index
-from .io import (LoadedModel, check_output_path, check_outputs, is_stdout, load_model, output_kind, save_model,
-                 tensor_nbytes)
+from .io import (
+    LoadedModel,
+    check_output_path,
+    check_outputs,
+    is_stdout,
+    load_model,
+    output_kind,
+    save_model,
+    tensor_nbytes,
+)
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
@@ -78,10 +86,21 @@ def _initializer_bytes(index) -> int:
     return total
 
 
-def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str | None = None, rules=(),
-            keep_io_types: bool | None = None, exclude_ops=(), exclude_nodes=(), include_nodes=(),
-            check: str = "basic", copy: bool = True, calibration=None, force_fp32=None,
-            plan: PrecisionPlan | str | os.PathLike | None = None) -> ConversionResult:
+def convert(
+    model: onnx.ModelProto | str | os.PathLike,
+    *,
+    precision: str | None = None,
+    rules=(),
+    keep_io_types: bool | None = None,
+    exclude_ops=(),
+    exclude_nodes=(),
+    include_nodes=(),
+    check: str = "basic",
+    copy: bool = True,
+    calibration=None,
+    force_fp32=None,
+    plan: PrecisionPlan | str | os.PathLike | None = None,
+) -> ConversionResult:
     """Convert a model to mixed precision.
 
     `model` is a ModelProto (copied unless copy=False) or a path. `precision` is fp16 (the
@@ -100,13 +119,30 @@ def convert(model: onnx.ModelProto | str | os.PathLike, *, precision: str | None
         proto = onnx.ModelProto.FromString(model.SerializeToString()) if copy else model
         loaded = LoadedModel(model=proto, path=None, file_bytes=0)
     timings["load"] = time.perf_counter() - t0
-    return _convert_loaded(loaded, precision=precision, rules=rules, keep_io_types=keep_io_types,
-                           exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes,
-                           check=check, timings=timings, calibration=calibration, force_fp32=force_fp32, plan=plan)
+    return _convert_loaded(
+        loaded,
+        precision=precision,
+        rules=rules,
+        keep_io_types=keep_io_types,
+        exclude_ops=exclude_ops,
+        exclude_nodes=exclude_nodes,
+        include_nodes=include_nodes,
+        check=check,
+        timings=timings,
+        calibration=calibration,
+        force_fp32=force_fp32,
+        plan=plan,
+    )
 
 
-_PLANNING_FLAGS = {"rules": "--rules", "exclude_ops": "--exclude-op", "exclude_nodes": "--exclude-node",
-                   "include_nodes": "--include-node", "calibration": "--calibration-data", "force_fp32": "--target"}
+_PLANNING_FLAGS = {
+    "rules": "--rules",
+    "exclude_ops": "--exclude-op",
+    "exclude_nodes": "--exclude-node",
+    "include_nodes": "--include-node",
+    "calibration": "--calibration-data",
+    "force_fp32": "--target",
+}
 
 
 def _replayed_plan(plan, precision, keep_io_types, planning: dict) -> PrecisionPlan:
@@ -116,15 +152,24 @@ def _replayed_plan(plan, precision, keep_io_types, planning: dict) -> PrecisionP
     where = plan.source or "<plan>"
     given = [_PLANNING_FLAGS[name] for name, value in planning.items() if value]
     if given:
-        raise AutocastError(f"{', '.join(given)} cannot be combined with --plan: the plan already decides every node",
-                            where, "edit the plan's node precisions instead, or plan afresh without --plan")
+        raise AutocastError(
+            f"{', '.join(given)} cannot be combined with --plan: the plan already decides every node",
+            where,
+            "edit the plan's node precisions instead, or plan afresh without --plan",
+        )
     if precision is not None and Precision.target(precision) != plan.target:
-        raise AutocastError(f"--precision {precision} contradicts the plan's target {plan.target}", where,
-                            "drop --precision; the plan decides it")
+        raise AutocastError(
+            f"--precision {precision} contradicts the plan's target {plan.target}",
+            where,
+            "drop --precision; the plan decides it",
+        )
     if keep_io_types is not None and keep_io_types != plan.keep_io_types:
-        raise AutocastError(f"--{'' if keep_io_types else 'no-'}keep-io-types contradicts the plan "
-                            f"(keep_io_types = {str(plan.keep_io_types).lower()})", where,
-                            "drop the flag; the plan decides it")
+        raise AutocastError(
+            f"--{'' if keep_io_types else 'no-'}keep-io-types contradicts the plan "
+            f"(keep_io_types = {str(plan.keep_io_types).lower()})",
+            where,
+            "drop the flag; the plan decides it",
+        )
     return plan
 
 
@@ -135,13 +180,35 @@ def _target(precision) -> Precision:
         raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16") from None
 
 
-def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exclude_ops, exclude_nodes,
-                    include_nodes, check, timings, calibration=None, force_fp32=None, plan=None) -> ConversionResult:
+def _convert_loaded(
+    loaded: LoadedModel,
+    *,
+    precision,
+    rules,
+    keep_io_types,
+    exclude_ops,
+    exclude_nodes,
+    include_nodes,
+    check,
+    timings,
+    calibration=None,
+    force_fp32=None,
+    plan=None,
+) -> ConversionResult:
     if plan is not None:
-        plan = _replayed_plan(plan, precision, keep_io_types,
-                              {"rules": rules, "exclude_ops": exclude_ops, "exclude_nodes": exclude_nodes,
-                               "include_nodes": include_nodes, "calibration": calibration,
-                               "force_fp32": force_fp32})
+        plan = _replayed_plan(
+            plan,
+            precision,
+            keep_io_types,
+            {
+                "rules": rules,
+                "exclude_ops": exclude_ops,
+                "exclude_nodes": exclude_nodes,
+                "include_nodes": include_nodes,
+                "calibration": calibration,
+                "force_fp32": force_fp32,
+            },
+        )
         target = plan.target
     else:
         target = _target(precision)
@@ -150,10 +217,11 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
     model = loaded.model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is not None and opset < MIN_OPSET[target]:
-        raise AutocastError(f"default-domain opset {opset} cannot express {target} casts "
-                            f"(needs opset >= {MIN_OPSET[target]})", where,
-                            "upgrade the model with onnx.version_converter first; autocast-onnx does not "
-                            "change the opset itself")
+        raise AutocastError(
+            f"default-domain opset {opset} cannot express {target} casts (needs opset >= {MIN_OPSET[target]})",
+            where,
+            "upgrade the model with onnx.version_converter first; autocast-onnx does not change the opset itself",
+        )
     if plan is None:
         rule_set = load_rules(list(rules))
         excl_nodes = _compile_patterns(exclude_nodes, "--exclude-node")
@@ -165,8 +233,16 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
         if plan is None:
-            classification = classify(index, rule_set, target, exclude_ops=exclude_ops, exclude_nodes=excl_nodes,
-                                      include_nodes=incl_nodes, ranges=calibration, force_fp32=force_fp32)
+            classification = classify(
+                index,
+                rule_set,
+                target,
+                exclude_ops=exclude_ops,
+                exclude_nodes=excl_nodes,
+                include_nodes=incl_nodes,
+                ranges=calibration,
+                force_fp32=force_fp32,
+            )
             plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
         else:
             check_plan_fits(plan, index)
@@ -181,8 +257,14 @@ def _convert_loaded(loaded: LoadedModel, *, precision, rules, keep_io_types, exc
         t = time.perf_counter()
         check_result(model, full=check == "full")
         timings["check"] = time.perf_counter() - t
-    return ConversionResult(model=model, plan=plan, stats=stats, initializer_bytes_before=bytes_before,
-                            initializer_bytes_after=bytes_after, seconds=timings)
+    return ConversionResult(
+        model=model,
+        plan=plan,
+        stats=stats,
+        initializer_bytes_before=bytes_before,
+        initializer_bytes_after=bytes_after,
+        seconds=timings,
+    )
 
 
 def default_output_path(in_path: Path, precision: str) -> Path:
@@ -199,7 +281,7 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         options["plan"] = plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         precision = plan.target.value
     if not in_path.exists() or in_path.is_dir():
-        load_model(in_path)      # says what is wrong with it (not found, a directory)
+        load_model(in_path)  # says what is wrong with it (not found, a directory)
     out_path = Path(out_path) if out_path else default_output_path(in_path, precision)
     check_outputs([("-o", out_path), ("--plan-out", plan_out)], [in_path], models=["-o"])
     check_output_path(out_path, in_path)
@@ -217,17 +299,24 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
     if output_kind(out_path) == "stream":
         # a FIFO or device is written in place: no data file beside it, nothing to read back
         if external_data or (external_data is None and loaded.external_data):
-            raise AutocastError("cannot write external data beside a FIFO or device", str(out_path),
-                                "write the model to a regular file, or pass --no-external-data")
+            raise AutocastError(
+                "cannot write external data beside a FIFO or device",
+                str(out_path),
+                "write the model to a regular file, or pass --no-external-data",
+            )
         if big and check != "none":
-            raise AutocastError("a model this large is checked by reading the written file back, which a FIFO or "
-                                "device cannot give", str(out_path), "write it to a regular file, or pass --check none")
+            raise AutocastError(
+                "a model this large is checked by reading the written file back, which a FIFO or device cannot give",
+                str(out_path),
+                "write it to a regular file, or pass --check none",
+            )
     if external_data is None:
         external_data = True if loaded.external_data else (None if big else False)
     # Serialize once for both the check and the file when the model is written in one piece.
     in_memory = not big and not external_data
-    result = _convert_loaded(loaded, check="none" if (big or in_memory) else check, timings=timings,
-                             **_api_options(options))
+    result = _convert_loaded(
+        loaded, check="none" if (big or in_memory) else check, timings=timings, **_api_options(options)
+    )
     payload = None
     if in_memory:
         t = time.perf_counter()
@@ -236,9 +325,15 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
             check_result(payload, full=check == "full")
         timings["check"] = time.perf_counter() - t
     t = time.perf_counter()
-    result.output_files = save_model(result.model, out_path, external_data=external_data, in_path=in_path,
-                                     payload=payload, source_dir=in_path.parent,
-                                     restore=not external_data)
+    result.output_files = save_model(
+        result.model,
+        out_path,
+        external_data=external_data,
+        in_path=in_path,
+        payload=payload,
+        source_dir=in_path.parent,
+        restore=not external_data,
+    )
     if check != "none" and big:
         check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t
@@ -246,7 +341,7 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
         try:
             result.plan.save(plan_out)
         except AutocastError:
-            for written in result.output_files:   # all or nothing (only files this call created)
+            for written in result.output_files:  # all or nothing (only files this call created)
                 if Path(written).is_file():
                     Path(written).unlink(missing_ok=True)
             raise
@@ -262,20 +357,39 @@ def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path, pl
         targets.append(Path(plan_out))
     for target in targets:
         if target.resolve() in inputs:
-            raise AutocastError(f"writing {target.name} would overwrite a file of the input model", str(target),
-                                "choose another -o; autocast-onnx never modifies its input")
+            raise AutocastError(
+                f"writing {target.name} would overwrite a file of the input model",
+                str(target),
+                "choose another -o; autocast-onnx never modifies its input",
+            )
 
 
 def _api_options(options: dict) -> dict:
-    allowed = {"precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes", "include_nodes", "calibration",
-               "force_fp32", "plan"}
+    allowed = {
+        "precision",
+        "rules",
+        "keep_io_types",
+        "exclude_ops",
+        "exclude_nodes",
+        "include_nodes",
+        "calibration",
+        "force_fp32",
+        "plan",
+    }
     unknown = set(options) - allowed
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    return {"precision": options.get("precision"), "rules": options.get("rules", ()),
-            "keep_io_types": options.get("keep_io_types"), "plan": options.get("plan"), "exclude_ops": options.get("exclude_ops", ()),
-            "exclude_nodes": options.get("exclude_nodes", ()), "include_nodes": options.get("include_nodes", ()),
-            "calibration": options.get("calibration"), "force_fp32": options.get("force_fp32")}
+    return {
+        "precision": options.get("precision"),
+        "rules": options.get("rules", ()),
+        "keep_io_types": options.get("keep_io_types"),
+        "plan": options.get("plan"),
+        "exclude_ops": options.get("exclude_ops", ()),
+        "exclude_nodes": options.get("exclude_nodes", ()),
+        "include_nodes": options.get("include_nodes", ()),
+        "calibration": options.get("calibration"),
+        "force_fp32": options.get("force_fp32"),
+    }
 
 
 @dataclass
@@ -283,13 +397,14 @@ class DataPlanning:
     """What measuring on data adds to a plan: calibration ranges and the nodes the accuracy
     search keeps fp32, with the search's log."""
 
-    calibration: dict | None = None     # tensor name -> TensorRange
-    force_fp32: dict | None = None      # node id -> Reason
+    calibration: dict | None = None  # tensor name -> TensorRange
+    force_fp32: dict | None = None  # node id -> Reason
     search_log: dict | None = None
 
 
-def plan_on_data(model: str | os.PathLike, plan_options=None, *, calibration_data=None, targets=(),
-                 validation=None, progress=None) -> DataPlanning:
+def plan_on_data(
+    model: str | os.PathLike, plan_options=None, *, calibration_data=None, targets=(), validation=None, progress=None
+) -> DataPlanning:
     """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
     of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
     nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
@@ -330,7 +445,7 @@ def plan_on_data(model: str | os.PathLike, plan_options=None, *, calibration_dat
         else:
             in_plan = plan_inputs(specs, validation.dims, validation.ranges)
             batches = [generate(in_plan, seed=validation.seed + k) for k in range(validation.batches)]
-        out.force_fp32, out.search_log = search(source, batches,
-                                                dict(plan_options.convert_kwargs(), calibration=out.calibration),
-                                                goal, device, progress)
+        out.force_fp32, out.search_log = search(
+            source, batches, dict(plan_options.convert_kwargs(), calibration=out.calibration), goal, device, progress
+        )
     return out

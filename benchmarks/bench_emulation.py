@@ -48,11 +48,12 @@ from autocast_onnx.validate.core import ValidateOptions, validate
 from autocast_onnx.validate.emulate import emulation_model
 from autocast_onnx.validate.inputs import describe_inputs, generate, plan_inputs
 
-FLOAT32_MIN = float(np.finfo(np.float32).min)   # -3.4028235e38, what torch exports use
+FLOAT32_MIN = float(np.finfo(np.float32).min)  # -3.4028235e38, what torch exports use
 
 
-def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, positions=512, mask_style="where",
-                 seed=0, scale=0.02) -> onnx.ModelProto:
+def bert_encoder(
+    layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, positions=512, mask_style="where", seed=0, scale=0.02
+) -> onnx.ModelProto:
     """A BERT-like encoder graph in the shape a PyTorch export has: embeddings (word + position +
     token type 0) + LayerNorm, then `layers` post-LN blocks of eager attention and an Erf GELU FFN.
     Inputs input_ids, attention_mask: int64 [batch, sequence]; output last_hidden_state
@@ -100,9 +101,17 @@ def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, positio
     t = node("Gather", [tok, "zero_i64"], "/embeddings/token_type_embeddings/Gather", axis=0)
     x = node("Add", [x, t], "/embeddings/Add")
     x = node("Add", [x, p], "/embeddings/Add_1")
-    x = node("LayerNormalization", [x, weight("embeddings.LayerNorm.weight", (hidden,), "ln"),
-                                    weight("embeddings.LayerNorm.bias", (hidden,), "bias")],
-             "/embeddings/LayerNorm/LayerNormalization", axis=-1, epsilon=1e-12)
+    x = node(
+        "LayerNormalization",
+        [
+            x,
+            weight("embeddings.LayerNorm.weight", (hidden,), "ln"),
+            weight("embeddings.LayerNorm.bias", (hidden,), "bias"),
+        ],
+        "/embeddings/LayerNorm/LayerNormalization",
+        axis=-1,
+        epsilon=1e-12,
+    )
 
     # attention mask [batch, seq] int64 -> additive bias [batch, 1, 1, seq] float32
     const("mask_axes", [1, 2], np.int64)
@@ -146,9 +155,17 @@ def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, positio
         c = node("Reshape", [c, "shape_hidden"], f"{pre}/attention/self/Reshape_ctx")
         a = proj(c, "attention.output.dense", hidden, hidden, "attention/output/dense")
         a = node("Add", [a, x], f"{pre}/attention/output/Add")
-        x = node("LayerNormalization", [a, weight(w + "attention.output.LayerNorm.weight", (hidden,), "ln"),
-                                        weight(w + "attention.output.LayerNorm.bias", (hidden,), "bias")],
-                 f"{pre}/attention/output/LayerNorm/LayerNormalization", axis=-1, epsilon=1e-12)
+        x = node(
+            "LayerNormalization",
+            [
+                a,
+                weight(w + "attention.output.LayerNorm.weight", (hidden,), "ln"),
+                weight(w + "attention.output.LayerNorm.bias", (hidden,), "bias"),
+            ],
+            f"{pre}/attention/output/LayerNorm/LayerNormalization",
+            axis=-1,
+            epsilon=1e-12,
+        )
         h = proj(x, "intermediate.dense", hidden, ffn, "intermediate/dense")
         # exact GELU: x * 0.5 * (1 + erf(x / sqrt(2)))
         e = node("Div", [h, "sqrt2"], f"{pre}/intermediate/intermediate_act_fn/Div")
@@ -158,17 +175,29 @@ def bert_encoder(layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, positio
         h = node("Mul", [e, "half"], f"{pre}/intermediate/intermediate_act_fn/Mul_1")
         o = proj(h, "output.dense", ffn, hidden, "output/dense")
         o = node("Add", [o, x], f"{pre}/output/Add")
-        x = node("LayerNormalization", [o, weight(w + "output.LayerNorm.weight", (hidden,), "ln"),
-                                        weight(w + "output.LayerNorm.bias", (hidden,), "bias")],
-                 f"{pre}/output/LayerNorm/LayerNormalization", axis=-1, epsilon=1e-12)
+        x = node(
+            "LayerNormalization",
+            [
+                o,
+                weight(w + "output.LayerNorm.weight", (hidden,), "ln"),
+                weight(w + "output.LayerNorm.bias", (hidden,), "bias"),
+            ],
+            f"{pre}/output/LayerNorm/LayerNormalization",
+            axis=-1,
+            epsilon=1e-12,
+        )
 
     nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="/Identity_output"))
     graph = helper.make_graph(
-        nodes, "bert_base_like",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        nodes,
+        "bert_base_like",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
         [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])],
-        inits)
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -223,17 +252,25 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per row; the best is printed")
     ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--mask-style", choices=["where", "minus10000"], default="where",
-                    help="where: Where(mask==0, float32 lowest, 0) as current torch exports; "
-                         "minus10000: (1 - mask) * -10000")
-    ap.add_argument("--profile", action="store_true",
-                    help="also time the emulation model with graph optimizations on, the reference with them off, "
-                         "and print ORT's per-op-type profile of the reference and the emulated run")
+    ap.add_argument(
+        "--mask-style",
+        choices=["where", "minus10000"],
+        default="where",
+        help="where: Where(mask==0, float32 lowest, 0) as current torch exports; minus10000: (1 - mask) * -10000",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time the emulation model with graph optimizations on, the reference with them off, "
+        "and print ORT's per-op-type profile of the reference and the emulated run",
+    )
     args = ap.parse_args()
 
     rt = runner.ort()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
-          f"onnx {onnx.__version__}, onnxruntime {rt.__version__}, numpy {np.__version__}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
+        f"onnx {onnx.__version__}, onnxruntime {rt.__version__}, numpy {np.__version__}"
+    )
     with tempfile.TemporaryDirectory(prefix="bench_emulation_") as tmp:
         tmp = Path(tmp)
         ref_path, conv_path = tmp / "bert_base_like.onnx", tmp / "bert_base_like.fp16.onnx"
@@ -243,16 +280,20 @@ def main() -> None:
         result, t_convert = timed(lambda: autocast_onnx.convert(ref_model, precision="fp16"))
         conv_model = result.model
         onnx.save(conv_model, conv_path)
-        print(f"model: {args.layers} layers, hidden 768, 12 heads, FFN 3072, vocab 30522, 512 positions, "
-              f"mask {args.mask_style}; {len(ref_model.graph.node)} nodes, {n_params / 1e6:.1f}M parameters, "
-              f"{ref_path.stat().st_size / 2**20:.0f} MiB fp32 -> {conv_path.stat().st_size / 2**20:.0f} MiB fp16 "
-              f"(built in {t_build:.1f} s, converted in {t_convert:.1f} s, {result.casts_added} casts added)")
+        print(
+            f"model: {args.layers} layers, hidden 768, 12 heads, FFN 3072, vocab 30522, 512 positions, "
+            f"mask {args.mask_style}; {len(ref_model.graph.node)} nodes, {n_params / 1e6:.1f}M parameters, "
+            f"{ref_path.stat().st_size / 2**20:.0f} MiB fp32 -> {conv_path.stat().st_size / 2**20:.0f} MiB fp16 "
+            f"(built in {t_build:.1f} s, converted in {t_convert:.1f} s, {result.casts_added} casts added)"
+        )
 
         dims = {"batch": args.batch, "sequence": args.seq}
-        feeds = generate(plan_inputs(describe_inputs(ref_model), dims), seed=0)   # validate's first batch
+        feeds = generate(plan_inputs(describe_inputs(ref_model), dims), seed=0)  # validate's first batch
         mask = feeds["attention_mask"]
-        print(f"inputs: batch {args.batch}, sequence {args.seq}; attention_mask rows visible: "
-              f"{mask.sum(axis=1).tolist()} (generated as validate generates them)")
+        print(
+            f"inputs: batch {args.batch}, sequence {args.seq}; attention_mask rows visible: "
+            f"{mask.sum(axis=1).tolist()} (generated as validate generates them)"
+        )
 
         ref_bytes = ref_model.SerializeToString()
         emu, t_emu_build = timed(lambda: emulation_model(conv_model))
@@ -272,20 +313,31 @@ def main() -> None:
         t_ref = timing("ref")
         rows.append(("(a) reference fp32, ORT CPU", t_ref, "default graph optimizations"))
         rows.append(("(b) converted fp16, ORT CPU plain", timing("plain"), "default graph optimizations"))
-        rows.append(("(c) emulated (as validate runs it)", timing("emu"),
-                     f"{n_emu_nodes} nodes, graph optimizations disabled"))
+        rows.append(
+            ("(c) emulated (as validate runs it)", timing("emu"), f"{n_emu_nodes} nodes, graph optimizations disabled")
+        )
         sessions.clear()
         gc.collect()
 
         if args.profile:
             sessions["emu_opt"] = runner.session(emu_bytes, "cpu", optimize=True)
             emu_opt_out = sessions["emu_opt"].run(None, feeds)[0]
-            rows.append(("    emulated, optimizations ON", timing("emu_opt"),
-                         "diagnostic: ORT_ENABLE_ALL on the emulation model"))
+            rows.append(
+                (
+                    "    emulated, optimizations ON",
+                    timing("emu_opt"),
+                    "diagnostic: ORT_ENABLE_ALL on the emulation model",
+                )
+            )
             sessions.clear()
             sessions["ref_noopt"] = runner.session(ref_bytes, "cpu", optimize=False)
-            rows.append(("    reference, optimizations OFF", timing("ref_noopt"),
-                         "diagnostic: ORT_DISABLE_ALL on the fp32 model"))
+            rows.append(
+                (
+                    "    reference, optimizations OFF",
+                    timing("ref_noopt"),
+                    "diagnostic: ORT_DISABLE_ALL on the fp32 model",
+                )
+            )
             sessions.clear()
             gc.collect()
 
@@ -295,19 +347,26 @@ def main() -> None:
         def whole():
             nonlocal report
             report = validate(ref_path, conv_path, options)
-        rows.append(("(d) validate(), speed=False", best_of(args.repeat, whole, warmup=0),
-                     "load + emulation model + 2 sessions + run + compare"))
+
+        rows.append(
+            (
+                "(d) validate(), speed=False",
+                best_of(args.repeat, whole, warmup=0),
+                "load + emulation model + 2 sessions + run + compare",
+            )
+        )
 
     print()
-    print(f"seconds per run, best of {args.repeat} (one untimed warm-up run first for (a)-(c)); "
-          f"ratio = row / (a)")
+    print(f"seconds per run, best of {args.repeat} (one untimed warm-up run first for (a)-(c)); ratio = row / (a)")
     print(f"  {'':<38} {'seconds':>8} {'ratio':>7}  note")
     for label, secs, note in rows:
         print(f"  {label:<38} {secs:>8.3f} {secs / t_ref:>7.2f}  {note}")
     print()
-    print("one-off costs (s): "
-          f"session reference {t_ref_sess:.2f}, session fp16 plain {t_plain_sess:.2f}, "
-          f"session emulated {t_emu_sess:.2f}, emulation_model() {t_emu_build:.2f}, serialize it {t_emu_ser:.2f}")
+    print(
+        "one-off costs (s): "
+        f"session reference {t_ref_sess:.2f}, session fp16 plain {t_plain_sess:.2f}, "
+        f"session emulated {t_emu_sess:.2f}, emulation_model() {t_emu_build:.2f}, serialize it {t_emu_ser:.2f}"
+    )
 
     def errors(label, out):
         r = ref_out.astype(np.float64)
@@ -318,25 +377,33 @@ def main() -> None:
         max_abs = float(diff.max()) if diff.size else float("nan")
         rel = max_abs / float(np.abs(r[both]).max()) if diff.size else float("nan")
         nan, inf = int(np.isnan(o).sum()), int(np.isinf(o).sum())
-        print(f"  {label:<38} max abs {max_abs:.4g}  relative {rel:.4g}  mean abs {diff.mean():.4g}  "
-              f"NaN {nan}  inf {inf}" + ("" if not nonfinite else "  <- non-finite values!"))
+        print(
+            f"  {label:<38} max abs {max_abs:.4g}  relative {rel:.4g}  mean abs {diff.mean():.4g}  "
+            f"NaN {nan}  inf {inf}" + ("" if not nonfinite else "  <- non-finite values!")
+        )
         if out.shape[0] > 1:
             rows_err = [float(np.nanmax(np.abs(o[b] - r[b]))) for b in range(out.shape[0])]
-            print(f"  {'':<38} max abs per batch row (visible tokens {mask.sum(axis=1).tolist()}): "
-                  + ", ".join(f"{e:.3g}" for e in rows_err))
+            print(
+                f"  {'':<38} max abs per batch row (visible tokens {mask.sum(axis=1).tolist()}): "
+                + ", ".join(f"{e:.3g}" for e in rows_err)
+            )
 
     print()
-    print(f"error against the fp32 reference, output last_hidden_state {list(ref_out.shape)} "
-          f"(reference has {int((~np.isfinite(ref_out)).sum())} non-finite values):")
+    print(
+        f"error against the fp32 reference, output last_hidden_state {list(ref_out.shape)} "
+        f"(reference has {int((~np.isfinite(ref_out)).sum())} non-finite values):"
+    )
     errors("emulated", emu_out)
     errors("fp16 plain on CPU", plain_out)
     if args.profile:
         errors("emulated, optimizations ON", emu_opt_out)
     if report is not None:
         o = report["outputs"][0]
-        print(f"  validate() verdict: {'PASS' if report['passed'] else 'FAIL'} (relative {o['relative_error']:.4g}, "
-              f"cosine {o['cosine']:.6f}, new NaN {o['new_nan']}, new inf {o['new_inf']})"
-              + ("".join(f"\n    - {f}" for f in o["failures"])))
+        print(
+            f"  validate() verdict: {'PASS' if report['passed'] else 'FAIL'} (relative {o['relative_error']:.4g}, "
+            f"cosine {o['cosine']:.6f}, new NaN {o['new_nan']}, new inf {o['new_inf']})"
+            + ("".join(f"\n    - {f}" for f in o["failures"]))
+        )
 
     if args.profile:
         with tempfile.TemporaryDirectory(prefix="bench_emulation_prof_") as ptmp:
@@ -350,8 +417,10 @@ def main() -> None:
             r_ms, r_n = prof_ref.get(op, (0.0, 0))
             e_ms, e_n = prof_emu.get(op, (0.0, 0))
             print(f"  {op:<28} {r_ms:>9.1f} ({r_n:>4}) {e_ms:>12.1f} ({e_n:>4})")
-        print(f"  {'total':<28} {sum(v[0] for v in prof_ref.values()):>16.1f} "
-              f"{sum(v[0] for v in prof_emu.values()):>20.1f}")
+        print(
+            f"  {'total':<28} {sum(v[0] for v in prof_ref.values()):>16.1f} "
+            f"{sum(v[0] for v in prof_emu.values()):>20.1f}"
+        )
 
 
 if __name__ == "__main__":

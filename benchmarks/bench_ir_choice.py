@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_convert import synthetic_model  # noqa: E402
+from bench_convert import synthetic_model
 
-from autocast_onnx.graph import build_index  # noqa: E402
+from autocast_onnx.graph import build_index
 
 
 def timed(fn):
@@ -39,16 +39,20 @@ def main() -> None:
         import onnx_graphsurgeon as gs
     except ImportError:
         sys.exit("install onnx-graphsurgeon to run this benchmark (pip install onnx-graphsurgeon)")
-    print(f"{'nodes':>8} {'our index s':>12} {'gs import s':>12} {'gs export s':>12} {'gs toposort s':>14} "
-          f"{'gs import+export / index':>25}")
+    print(
+        f"{'nodes':>8} {'our index s':>12} {'gs import s':>12} {'gs export s':>12} {'gs toposort s':>14} "
+        f"{'gs import+export / index':>25}"
+    )
     for n in args.sizes:
         model = synthetic_model(n)
-        t_index, index = timed(lambda: build_index(model))
-        t_import, graph = timed(lambda: gs.import_onnx(model))
-        t_export, exported = timed(lambda: gs.export_onnx(graph))
+        t_index, index = timed(lambda model=model: build_index(model))
+        t_import, graph = timed(lambda model=model: gs.import_onnx(model))
+        t_export, exported = timed(lambda graph=graph: gs.export_onnx(graph))
         t_topo, _ = timed(graph.toposort)
-        print(f"{n:>8} {t_index:>12.3f} {t_import:>12.3f} {t_export:>12.3f} {t_topo:>14.3f} "
-              f"{(t_import + t_export) / t_index:>24.1f}x")
+        print(
+            f"{n:>8} {t_index:>12.3f} {t_import:>12.3f} {t_export:>12.3f} {t_topo:>14.3f} "
+            f"{(t_import + t_export) / t_index:>24.1f}x"
+        )
         del index, graph, exported, model
         gc.collect()
 

@@ -55,21 +55,31 @@ def build(folder: Path, layers: int, width: int) -> tuple[Path, int]:
         for i in range(layers):
             w = (rng.standard_normal((width, width), dtype=np.float32) * 0.02).astype("<f4")
             fh.write(w.tobytes())
-            t = TensorProto(name=f"w{i}", dims=[width, width], data_type=TensorProto.FLOAT,
-                            data_location=TensorProto.EXTERNAL)
+            t = TensorProto(
+                name=f"w{i}", dims=[width, width], data_type=TensorProto.FLOAT, data_location=TensorProto.EXTERNAL
+            )
             for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(w.nbytes))):
                 entry = t.external_data.add()
                 entry.key, entry.value = key, value
             offset += w.nbytes
             inits.append(t)
-            nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"),
-                      helper.make_node("LayerNormalization", [f"h{i}", "g", "b"], [f"n{i}"], name=f"ln{i}"),
-                      helper.make_node("Softmax", [f"n{i}"], [f"s{i}"], name=f"sm{i}")]
+            nodes += [
+                helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"),
+                helper.make_node("LayerNormalization", [f"h{i}", "g", "b"], [f"n{i}"], name=f"ln{i}"),
+                helper.make_node("Softmax", [f"n{i}"], [f"s{i}"], name=f"sm{i}"),
+            ]
             x = f"s{i}"
-    inits += [helper.make_tensor("g", TensorProto.FLOAT, [width], np.ones(width, np.float32)),
-              helper.make_tensor("b", TensorProto.FLOAT, [width], np.zeros(width, np.float32))]
-    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])], inits)
+    inits += [
+        helper.make_tensor("g", TensorProto.FLOAT, [width], np.ones(width, np.float32)),
+        helper.make_tensor("b", TensorProto.FLOAT, [width], np.zeros(width, np.float32)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     path = folder / "big.onnx"
     path.write_bytes(model.SerializeToString())
@@ -99,8 +109,10 @@ def main() -> None:
     try:
         t = time.perf_counter()
         src, weight_bytes = build(folder, args.layers, args.width)
-        print(f"model: {args.layers} MatMul layers of [{args.width}, {args.width}] fp32, weights {gib(weight_bytes)} "
-              f"in external data (built in {time.perf_counter() - t:.1f} s)")
+        print(
+            f"model: {args.layers} MatMul layers of [{args.width}, {args.width}] fp32, weights {gib(weight_bytes)} "
+            f"in external data (built in {time.perf_counter() - t:.1f} s)"
+        )
         base_peak, base_s = measure("onnx", src, folder / "copy.onnx")
         conv_peak, conv_s = measure("convert", src, folder / "big.fp16.onnx")
         out_model = onnx.load(folder / "big.fp16.onnx", load_external_data=False)
@@ -108,8 +120,10 @@ def main() -> None:
         data_size = os.path.getsize(folder / "big.fp16.onnx.data")
         print(f"converted: {converted} weights to fp16, output data {gib(data_size)}")
         print(f"{'run':<36} {'peak RSS':>10} {'seconds':>8} {'peak / fp32 weights':>20}")
-        for label, peak, secs in (("onnx.load + onnx.save (external)", base_peak, base_s),
-                                  ("autocast-onnx convert (fp16)", conv_peak, conv_s)):
+        for label, peak, secs in (
+            ("onnx.load + onnx.save (external)", base_peak, base_s),
+            ("autocast-onnx convert (fp16)", conv_peak, conv_s),
+        ):
             print(f"{label:<36} {gib(peak):>10} {secs:>8.1f} {peak / weight_bytes:>20.2f}")
         print(f"convert peak vs fp16 output weights: {conv_peak / data_size:.2f}x")
     finally:

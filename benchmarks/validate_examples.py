@@ -28,29 +28,45 @@ def main() -> None:
     for path in sorted((ROOT / "examples" / "models").glob("*.onnx")):
         inputs = None
         if path.stem == "digits_cnn":
-            import numpy as np
             import tempfile
+
+            import numpy as np
 
             tmp = Path(tempfile.mkdtemp()) / "digits.npz"
             np.savez(tmp, pixels=np.load(ROOT / "examples" / "data" / "digits_test.npz")["x"])
             inputs = str(tmp)
         converted = autocast_onnx.convert(path, precision=args.precision)
-        report = validate(path, converted.model, ValidateOptions(
-            inputs=inputs, batches=2, device=args.device, numerics=args.numerics, iterations=args.iterations,
-            warmup=5))
+        report = validate(
+            path,
+            converted.model,
+            ValidateOptions(
+                inputs=inputs,
+                batches=2,
+                device=args.device,
+                numerics=args.numerics,
+                iterations=args.iterations,
+                warmup=5,
+            ),
+        )
         for o in report["outputs"]:
             rows.append((path.stem, o, report))
     first = rows[0][2]
-    print(f"device {first['device']}, numerics {first['numerics']}, precision {args.precision}, "
-          f"onnxruntime {ort().__version__}, {platform.processor() or platform.machine()}\n")
-    print("| model | output | max abs err | rel err | cosine | top-1 | new NaN/inf | p50 ref ms | p50 conv ms | speed-up | size |")
+    print(
+        f"device {first['device']}, numerics {first['numerics']}, precision {args.precision}, "
+        f"onnxruntime {ort().__version__}, {platform.processor() or platform.machine()}\n"
+    )
+    print(
+        "| model | output | max abs err | rel err | cosine | top-1 | new NaN/inf | p50 ref ms | p50 conv ms | speed-up | size |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, o, r in rows:
         s = r["speed"]
         top1 = "-" if o["top1"] is None else f"{o['top1']:.3f}"
-        print(f"| {name} | {o['name']} | {o['max_abs_error']:.3g} | {o['relative_error']:.3g} | {o['cosine']:.7f} | "
-              f"{top1} | {o['new_nan'] + o['new_inf']} | {s['reference']['p50_ms']:.3f} | {s['converted']['p50_ms']:.3f} "
-              f"| {s['speedup_p50']:.2f}x | {r['size_ratio']:.2f}x |")
+        print(
+            f"| {name} | {o['name']} | {o['max_abs_error']:.3g} | {o['relative_error']:.3g} | {o['cosine']:.7f} | "
+            f"{top1} | {o['new_nan'] + o['new_inf']} | {s['reference']['p50_ms']:.3f} | {s['converted']['p50_ms']:.3f} "
+            f"| {s['speedup_p50']:.2f}x | {r['size_ratio']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

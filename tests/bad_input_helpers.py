@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from click.testing import CliRunner
-from onnx import helper
-
 from helpers import F32, init, model, tensor
+from onnx import helper
 
 ROOT = Path(__file__).resolve().parent.parent
 BERT = ROOT / "examples" / "models" / "bert_tiny.onnx"
@@ -30,7 +29,7 @@ PREFIX = "autocast-onnx: error: "
 # Set AUTOCAST_BAD_INPUTS_LOG=FILE to append every call's (case, argv, exit code, stderr line) as
 # JSON lines: tools can turn it into the table of docs/robustness.md ("Bad inputs").
 LOG = os.environ.get("AUTOCAST_BAD_INPUTS_LOG")
-CURRENT_CASE = {"id": "", "root": ""}   # set per test by an autouse fixture: logged case id, tmp root
+CURRENT_CASE = {"id": "", "root": ""}  # set per test by an autouse fixture: logged case id, tmp root
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -40,11 +39,17 @@ def weights(seed=0, n=64):
 
 def small_model(n=64) -> onnx.ModelProto:
     """x -> MatMul(fc) -> Relu(act) -> MatMul(fc2) -> y, two n x n fp32 weights."""
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc"),
-             helper.make_node("Relu", ["h"], ["a"], name="act"),
-             helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2")]
-    return model(nodes, [tensor("x", F32, [2, n])], [tensor("y", F32, [2, n])],
-                 [init("w1", weights(0, n)), init("w2", weights(1, n))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc"),
+        helper.make_node("Relu", ["h"], ["a"], name="act"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2"),
+    ]
+    return model(
+        nodes,
+        [tensor("x", F32, [2, n])],
+        [tensor("y", F32, [2, n])],
+        [init("w1", weights(0, n)), init("w2", weights(1, n))],
+    )
 
 
 def write_model(m: onnx.ModelProto, path: Path) -> Path:
@@ -58,7 +63,7 @@ def external_model(folder: Path, name="ext.onnx", location="ext.onnx.data") -> P
     """small_model saved with every initializer in `folder/location`."""
     folder.mkdir(parents=True, exist_ok=True)
     stored = onnx.ModelProto()
-    stored.CopyFrom(small_model())   # onnx.save moves the weights of the model it saves out
+    stored.CopyFrom(small_model())  # onnx.save moves the weights of the model it saves out
     onnx.save(stored, folder / name, save_as_external_data=True, location=location, size_threshold=0)
     return folder / name
 
@@ -87,7 +92,7 @@ def argv(command: str, model_path: Path, out: Path, *, good: Path | None = None,
         return ["convert", m, "-o", str(out / "o.onnx"), "--plan-out", str(out / "plan.json")]
     if command == "lint":
         return ["lint", m, "-o", str(out / "lint.txt")]
-    if command == "validate":          # the bad model as the reference (and as the converted one)
+    if command == "validate":  # the bad model as the reference (and as the converted one)
         return ["validate", m, m, "--no-speed", "--report-json", str(out / "r.json")]
     if command == "validate-converted":  # a good reference, the bad model as the converted one
         return ["validate", str(good), m, "--no-speed", "--report-json", str(out / "r.json")]
@@ -127,8 +132,15 @@ def invoke(args, case: str = "") -> Outcome:
 
 def run_process(args, case: str = "", cwd=None, preexec_fn=None, timeout=120) -> Outcome:
     """`python -m autocast_onnx ...` in a real process (real stderr, real exit code)."""
-    proc = subprocess.run([sys.executable, "-m", "autocast_onnx", *map(str, args)], check=False,
-                          capture_output=True, text=True, cwd=cwd, preexec_fn=preexec_fn, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        preexec_fn=preexec_fn,
+        timeout=timeout,
+    )
     outcome = Outcome(proc.returncode, proc.stdout, proc.stderr)
     _log(case, args, outcome)
     return outcome
@@ -145,9 +157,18 @@ def _log(case, args, outcome: Outcome) -> None:
 
     lines = outcome.lines()
     with open(LOG, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"case": case, "argv": [clean(str(a)) for a in args], "code": outcome.code,
-                             "line": clean(lines[0] if len(lines) == 1 else " | ".join(lines[-3:])),
-                             "n_lines": len(lines)}) + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "case": case,
+                    "argv": [clean(str(a)) for a in args],
+                    "code": outcome.code,
+                    "line": clean(lines[0] if len(lines) == 1 else " | ".join(lines[-3:])),
+                    "n_lines": len(lines),
+                }
+            )
+            + "\n"
+        )
 
 
 def assert_one_error(outcome: Outcome, *fragments: str) -> str:
@@ -191,7 +212,7 @@ def snapshot(root: Path) -> dict:
             else:
                 try:
                     out[rel] = sha(p)
-                except OSError as exc:           # e.g. a FIFO or an unreadable file
+                except OSError as exc:  # e.g. a FIFO or an unreadable file
                     out[rel] = f"unreadable: {exc.strerror}"
     return out
 

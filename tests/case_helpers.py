@@ -5,16 +5,20 @@ tests/helpers.py (model building, `parse`, `convert_and_check`)."""
 
 from __future__ import annotations
 
+import helpers as H
 import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
-import helpers as H
-
 F32, F16, BF16 = H.F32, H.F16, H.BF16
 TARGET = {"fp16": F16, "bf16": BF16}
-NP_OF = {F32: np.float32, F16: np.float16, TensorProto.BOOL: np.bool_, TensorProto.INT64: np.int64,
-         TensorProto.INT32: np.int32}
+NP_OF = {
+    F32: np.float32,
+    F16: np.float16,
+    TensorProto.BOOL: np.bool_,
+    TensorProto.INT64: np.int64,
+    TensorProto.INT32: np.int32,
+}
 
 
 # ---- graph walking -----------------------------------------------------------------------
@@ -220,8 +224,9 @@ def unique_names_ok(m):
     defined = []
     node_names = []
     for _, g in iter_graphs(m):
-        defined += [vi.name for vi in g.input] + [t.name for t in g.initializer
-                                                   if t.name not in {vi.name for vi in g.input}]
+        defined += [vi.name for vi in g.input] + [
+            t.name for t in g.initializer if t.name not in {vi.name for vi in g.input}
+        ]
         for n in g.node:
             defined += [o for o in n.output if o]
             if n.name:

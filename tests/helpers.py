@@ -126,7 +126,7 @@ def planned(result, name):
     return found[0].precision
 
 
-precision = planned   # the older name, still used by other test files
+precision = planned  # the older name, still used by other test files
 
 
 def check(m):
@@ -136,30 +136,39 @@ def check(m):
 # ---- models shared by several test files ---------------------------------------------------
 def attention_block():
     """Scaled dot-product attention: MatMul, Div, Add(mask), Softmax, MatMul."""
-    return parse("""
+    return parse(
+        """
         attention (float[2,4,8] q, float[2,4,4] mask) => (float[2,4,8] ctx) <float scale = {2.0}> {
             [scores] scores = MatMul(q, kt)
             [scale_div] scaled = Div(scores, scale)
             [mask_add] masked = Add(scaled, mask)
             [softmax] probs = Softmax <axis = -1> (masked)
             [context] ctx = MatMul(probs, v)
-        }""", kt=randn([8, 4], 1, 0.3), v=randn([4, 8], 2, 0.3))
+        }""",
+        kt=randn([8, 4], 1, 0.3),
+        v=randn([4, 8], 2, 0.3),
+    )
 
 
 def mlp():
     """Two MatMuls around a Relu, in an "enc/" and a "head/" name scope."""
-    return parse("""
+    return parse(
+        """
         mlp (float[2,8] x) => (float[2,8] y) {
             ["enc/fc1"] h = MatMul(x, w1)
             ["enc/act"] a = Relu(h)
             ["head/fc2"] y = MatMul(a, w2)
-        }""", w1=randn([8, 8], 3, 0.3), w2=randn([8, 8], 4, 0.3))
+        }""",
+        w1=randn([8, 8], 3, 0.3),
+        w2=randn([8, 8], 4, 0.3),
+    )
 
 
 def eye_noise_model(opset=17):
     """Ops whose output type is a `dtype` attribute: EyeLike and a seeded RandomNormalLike, each
     added to the result of a MatMul."""
-    return parse("""
+    return parse(
+        """
         eye_noise (float[4,4] x) => (float[4,4] y) {
             [mm] a = MatMul(x, W)
             [eye] e = EyeLike <dtype = 1> (x)                                  # dtype FLOAT
@@ -167,18 +176,27 @@ def eye_noise_model(opset=17):
             [mm2] c = MatMul(b, W2)
             [noise] n = RandomNormalLike <dtype = 1, seed = 7.0, scale = 0.1> (c)   # dtype FLOAT
             [add_noise] y = Add(c, n)
-        }""", opset=opset, W=randn([4, 4], 43), W2=randn([4, 4], 44))
+        }""",
+        opset=opset,
+        W=randn([4, 4], 43),
+        W2=randn([4, 4], 44),
+    )
 
 
 def unknown_op_model(declare_type):
     """A custom op my.domain:Foo (no schema, no rule) between two MatMuls; with `declare_type`
     its output has a value_info saying it is float [2, 4]."""
-    m = parse("""
+    m = parse(
+        """
         custom (float[2,4] x) => (float[2,4] y) {
             [mm] a = MatMul(x, W1)
             [foo] foo_out = my.domain.Foo(a)
             [mm2] y = MatMul(foo_out, W2)
-        }""", domains={"my.domain": 1}, W1=randn([4, 4], 85), W2=randn([4, 4], 86))
+        }""",
+        domains={"my.domain": 1},
+        W1=randn([4, 4], 85),
+        W2=randn([4, 4], 86),
+    )
     if declare_type:
         m.graph.value_info.append(tensor("foo_out", F32, [2, 4]))
     return m

@@ -70,12 +70,12 @@ def f16(value):
 
 def const_node(name, array):
     """A Constant node producing `name`."""
-    return helper.make_node("Constant", [], [name], name=f"{name}_const",
-                            value=H.init(name + "_value", np.asarray(array)))
+    return helper.make_node(
+        "Constant", [], [name], name=f"{name}_const", value=H.init(name + "_value", np.asarray(array))
+    )
 
 
-def wrap_op(op, shape=(2, 8), attrs=None, domain="", extras=(), low=True, name="op", extra_opsets=(),
-            out_shape=None):
+def wrap_op(op, shape=(2, 8), attrs=None, domain="", extras=(), low=True, name="op", extra_opsets=(), out_shape=None):
     """x (fp16) -> `op`(x, *extras) -> y (fp32 output).
 
     low=True: the op computes in fp16 and its result is cast to fp32 (a naive converter's output).
@@ -94,21 +94,25 @@ def wrap_op(op, shape=(2, 8), attrs=None, domain="", extras=(), low=True, name="
             array = f16(array) if low else array.astype(np.float32)
         inits.append(H.init(extra_name, array))
     out = "r" if low else "y"
-    nodes.append(helper.make_node(op, [src, *[n for n, _ in extras]], [out], name=name, domain=domain,
-                                  **(attrs or {})))
+    nodes.append(helper.make_node(op, [src, *[n for n, _ in extras]], [out], name=name, domain=domain, **(attrs or {})))
     if low:
         nodes.append(helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32))
-    return H.model(nodes, [H.tensor("x", F16, list(shape))],
-                   [H.tensor("y", F32, None if out_shape is None else list(out_shape))], inits,
-                   extra_opsets=extra_opsets)
+    return H.model(
+        nodes,
+        [H.tensor("x", F16, list(shape))],
+        [H.tensor("y", F32, None if out_shape is None else list(out_shape))],
+        inits,
+        extra_opsets=extra_opsets,
+    )
 
 
 def layernorm_fused(eps, dtype=F16, name="ln"):
     """x -> LayerNormalization(epsilon=eps), all in `dtype`, output cast to fp32."""
     np_dt = NP[dtype]
-    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["r"], name=name, axis=-1,
-                              epsilon=eps),
-             helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32)]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["r"], name=name, axis=-1, epsilon=eps),
+        helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
+    ]
     inits = [H.init("gamma", np.ones(8, np_dt)), H.init("beta", np.zeros(8, np_dt))]
     return H.model(nodes, [H.tensor("x", dtype, [2, 8])], [H.tensor("y", F32, [2, 8])], inits)
 
@@ -147,8 +151,7 @@ def layernorm_decomposed(eps, dtype=F16, eps_storage=None, fp16_input=False):
         helper.make_node("Div", ["xc", "std"], ["r"], name="ln/div"),
         helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
     ]
-    return H.model(nodes, [H.tensor("x", F16 if fp16_input else dtype, [2, 8])], [H.tensor("y", F32, [2, 8])],
-                   inits)
+    return H.model(nodes, [H.tensor("x", F16 if fp16_input else dtype, [2, 8])], [H.tensor("y", F32, [2, 8])], inits)
 
 
 def attention(mask_value, storage="fp16-constant"):
@@ -187,23 +190,31 @@ def attention(mask_value, storage="fp16-constant"):
         nodes.append(helper.make_node("Softmax", ["masked"], ["probs"], name="attn/softmax", axis=-1))
     nodes.append(helper.make_node("MatMul", ["probs", "v"], ["ctx"], name="attn/pv"))
     nodes.append(helper.make_node("Cast", ["ctx"], ["y"], name="to_output", to=F32))
-    inputs = [H.tensor("q", F16, [1, 4, 8]), H.tensor("k", F16, [1, 8, 4]), H.tensor("v", F16, [1, 4, 8]),
-              H.tensor("cond", TensorProto.BOOL, [1, 4, 4])]
+    inputs = [
+        H.tensor("q", F16, [1, 4, 8]),
+        H.tensor("k", F16, [1, 8, 4]),
+        H.tensor("v", F16, [1, 4, 8]),
+        H.tensor("cond", TensorProto.BOOL, [1, 4, 4]),
+    ]
     return H.model(nodes, inputs, [H.tensor("y", F32, [1, 4, 8])], inits)
 
 
 def matmul_weight(k, n, dtype=F16, name="mm"):
     """x [2, k] (dtype) -> MatMul with an initializer weight [k, n] -> Cast -> y (fp32)."""
     w = np.full((k, n), 0.01, NP[dtype])
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["r"], name=name),
-             helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["r"], name=name),
+        helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
+    ]
     return H.model(nodes, [H.tensor("x", dtype, [2, k])], [H.tensor("y", F32, [2, n])], [H.init("w", w)])
 
 
 def conv_weight(c_out, c_in, kh, kw, dtype=F16, name="conv"):
     """x [1, c_in, 8, 8] (dtype) -> Conv with an initializer weight [c_out, c_in, kh, kw] -> Cast -> y."""
     w = np.full((c_out, c_in, kh, kw), 0.01, NP[dtype])
-    nodes = [helper.make_node("Conv", ["x", "w"], ["r"], name=name),
-             helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["r"], name=name),
+        helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
+    ]
     out = [1, c_out, 9 - kh, 9 - kw]
     return H.model(nodes, [H.tensor("x", dtype, [1, c_in, 8, 8])], [H.tensor("y", F32, out)], [H.init("w", w)])

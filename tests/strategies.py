@@ -63,23 +63,23 @@ from onnx import TensorProto, helper, numpy_helper
 F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 I64, BOOL = TensorProto.INT64, TensorProto.BOOL
 
-D = 8                              # the last axis of every pool tensor
+D = 8  # the last axis of every pool tensor
 SHAPES = [(2, D), (2, 4, D)]
-LIMIT = 8.0                        # bound on |value| of every pool tensor
+LIMIT = 8.0  # bound on |value| of every pool tensor
 OPSET = 17
 
 
 @dataclass
 class Tensor:
     name: str
-    bound: float                   # proven max |value|
+    bound: float  # proven max |value|
 
 
 @dataclass
 class Generated:
     model: onnx.ModelProto
     feeds: dict
-    steps: list = field(default_factory=list)    # the steps drawn, for the failure notes
+    steps: list = field(default_factory=list)  # the steps drawn, for the failure notes
 
 
 def _colsum(w: np.ndarray) -> float:
@@ -93,27 +93,27 @@ class _Builder:
         self.shape = tuple(shape)
         self.rank = len(shape)
         self.rng = rng
-        self.nodes = []                      # the current graph's node list
-        self.inits = []                      # the current graph's initializer list
+        self.nodes = []  # the current graph's node list
+        self.inits = []  # the current graph's initializer list
         self.main_inits = self.inits
-        self.depth = 0                       # 0 in the main graph, 1 inside a body
+        self.depth = 0  # 0 in the main graph, 1 inside a body
         self.pool: list[Tensor] = []
-        self.weights: dict = {}              # shape -> [(name, array)] visible everywhere (main graph)
-        self.arrays: dict = {}               # initializer name -> array (main graph)
+        self.weights: dict = {}  # shape -> [(name, array)] visible everywhere (main graph)
+        self.arrays: dict = {}  # initializer name -> array (main graph)
         self.counter = 0
         self.steps: list = []
-        self.extra_outputs: list = []        # (name, elem_type, shape) outputs that are not pool tensors
-        self.x_names: list = []              # exact fp32 graph inputs
+        self.extra_outputs: list = []  # (name, elem_type, shape) outputs that are not pool tensors
+        self.x_names: list = []  # exact fp32 graph inputs
         # ONNX Runtime (1.31 at least) fails with "Missing Input" when the result of a lossless pair of
         # casts (float->float->float, float->double->float, an Identity between them or not) is read
         # inside an If/Loop body: its cast-removal pass does not rename the implicit input. Such
         # results are kept out of subgraph bodies (the converter's output is not restricted).
-        self.cast_out: set = set()           # outputs of Cast(to=FLOAT)
-        self.used: set = set()               # tensor names taken
-        self.ids = None                      # name of the int64 graph input, if any
-        self.z, self.z_bound = None, 0.0     # name of the float16 graph input, if any
-        self.constant_nodes: list = []       # (name, array) of main-graph Constant nodes
-        self.no_outer: set = set()           # tensors subgraph bodies must not read
+        self.cast_out: set = set()  # outputs of Cast(to=FLOAT)
+        self.used: set = set()  # tensor names taken
+        self.ids = None  # name of the int64 graph input, if any
+        self.z, self.z_bound = None, 0.0  # name of the float16 graph input, if any
+        self.constant_nodes: list = []  # (name, array) of main-graph Constant nodes
+        self.no_outer: set = set()  # tensors subgraph bodies must not read
 
     # ---- names, nodes, constants ---------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -135,7 +135,7 @@ class _Builder:
 
     def op(self, op_type, inputs, n_out=1, **attrs):
         outs = [self.out_name(op_type, inputs) for _ in range(n_out)]
-        name = "" if self.draw(st.integers(0, 7)) == 0 else self.fresh(f"n_{op_type}")   # unnamed nodes too
+        name = "" if self.draw(st.integers(0, 7)) == 0 else self.fresh(f"n_{op_type}")  # unnamed nodes too
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
         return outs[0] if n_out == 1 else outs
 
@@ -242,7 +242,7 @@ class _Builder:
         for _ in range(3):
             if t.bound <= LIMIT:
                 return t
-            t = self.squash(t)      # a LayerNormalization whose scale has an outlier may not do it
+            t = self.squash(t)  # a LayerNormalization whose scale has an outlier may not do it
         if t.bound > LIMIT:
             self.steps.append("squash:Tanh")
             t = Tensor(self.op("Tanh", [t.name]), 1.0)
@@ -256,7 +256,7 @@ class _Builder:
             # the Mean output too (pinned fp32 by rules/default.toml [pins])
             y, mean, inv = self.op("LayerNormalization", [t.name, g, b], n_out=3, axis=-1, epsilon=eps)
             if self.depth == 0 and self.draw(st.booleans()):
-                self.extra_outputs.append((inv, F32, list(self.shape[:-1]) + [1]))   # a pinned fp32 output
+                self.extra_outputs.append((inv, F32, list(self.shape[:-1]) + [1]))  # a pinned fp32 output
             return Tensor(self.op("Add", [y, mean]), bound + t.bound)
         return Tensor(self.op("LayerNormalization", [t.name, g, b], axis=-1, epsilon=eps), bound)
 
@@ -345,20 +345,46 @@ class _Builder:
             den = None
         self.steps.append(kind)
         if kind == "Div":
-            if den is None:   # a denominator >= 1
+            if den is None:  # a denominator >= 1
                 den = Tensor(self.op("Add", [self.op("Abs", [b.name]), self.f32(1.0)]), b.bound + 1)
                 return Tensor(self.op("Div", [a.name, den.name]), a.bound)
             return Tensor(self.op("Div", [a.name, den.name]), a.bound / 0.5)
-        bound = {"Add": a.bound + b.bound, "Sub": a.bound + b.bound, "Mul": a.bound * b.bound,
-                 "Max": max(a.bound, b.bound), "Min": max(a.bound, b.bound)}[kind]
+        bound = {
+            "Add": a.bound + b.bound,
+            "Sub": a.bound + b.bound,
+            "Mul": a.bound * b.bound,
+            "Max": max(a.bound, b.bound),
+            "Min": max(a.bound, b.bound),
+        }[kind]
         names = [a.name, b.name] if self.draw(st.booleans()) else [b.name, a.name]
         return Tensor(self.op(kind, names), bound)
 
     def s_unary(self):
         t = self.pick()
-        kind = self.draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "LeakyRelu", "Clip",
-                                          "WhereLeaky", "Sum", "Erf", "Softsign", "HardSigmoid", "HardSwish",
-                                          "Elu", "Selu", "Celu", "Dropout", "ClipMax"]))
+        kind = self.draw(
+            st.sampled_from(
+                [
+                    "Relu",
+                    "Sigmoid",
+                    "Tanh",
+                    "Neg",
+                    "Abs",
+                    "LeakyRelu",
+                    "Clip",
+                    "WhereLeaky",
+                    "Sum",
+                    "Erf",
+                    "Softsign",
+                    "HardSigmoid",
+                    "HardSwish",
+                    "Elu",
+                    "Selu",
+                    "Celu",
+                    "Dropout",
+                    "ClipMax",
+                ]
+            )
+        )
         self.steps.append(kind)
         if kind in ("Relu", "Neg", "Abs", "HardSwish", "Elu", "Celu"):
             # Celu-12 has a float-only schema: the converter must keep it fp32
@@ -367,9 +393,9 @@ class _Builder:
             return Tensor(self.op(kind, [t.name]), 1.0)
         if kind == "Selu":
             return Tensor(self.op(kind, [t.name]), 1.06 * t.bound + 1.76)
-        if kind == "Dropout":   # inference: identity; its ratio input has its own type parameter
+        if kind == "Dropout":  # inference: identity; its ratio input has its own type parameter
             return Tensor(self.op(kind, [t.name, self.f32(0.3, "ratio")]), t.bound)
-        if kind == "ClipMax":   # Clip with its min input left out
+        if kind == "ClipMax":  # Clip with its min input left out
             return Tensor(self.op("Clip", [t.name, "", self.f32(2.0, "hi")]), t.bound)
         if kind == "LeakyRelu":
             return Tensor(self.op(kind, [t.name], alpha=0.1), t.bound)
@@ -378,8 +404,9 @@ class _Builder:
             return Tensor(self.op("Sum", [t.name, u.name, t.name]), 2 * t.bound + u.bound)
         if kind == "Clip":
             lo, hi = self.draw(st.sampled_from([(-1.0, 1.0), (-4.0, 4.0), (0.0, 6.0), (-6e4, 6e4), (-65504.0, 6e4)]))
-            return Tensor(self.op("Clip", [t.name, self.f32(lo, "lo"), self.f32(hi, "hi")]),
-                          min(t.bound, max(abs(lo), abs(hi))))
+            return Tensor(
+                self.op("Clip", [t.name, self.f32(lo, "lo"), self.f32(hi, "hi")]), min(t.bound, max(abs(lo), abs(hi)))
+            )
         # a comparison on a low-precision tensor, into a Where continuous at the threshold
         cond = self.op("Greater", [t.name, self.f32(0.0, "zero")])
         slope = self.op("Mul", [t.name, self.f32(0.1, "slope")])
@@ -434,15 +461,17 @@ class _Builder:
             arg = self.op("Add", [self.op("Abs", [t.name]), self.f32(1.0, "one")])
             return Tensor(self.op("Pow", [arg, self.f32(0.5, "half")]), float(np.sqrt(t.bound + 1)))
         e = 2.0 if kind == "square" else 3.0
-        return Tensor(self.op("Pow", [t.name, self.f32(e, "e")]), t.bound ** e)
+        return Tensor(self.op("Pow", [t.name, self.f32(e, "e")]), t.bound**e)
 
     def s_sqrt(self):
         t = self.pick()
         if self.draw(st.booleans()):
             return self.rms(t)
         eps = self.draw(st.sampled_from([1e-8, 1.0]))
-        return Tensor(self.op("Sqrt", [self.op("Add", [self.op("Abs", [t.name]), self.f32(eps, "eps")])]),
-                      float(np.sqrt(t.bound + eps)))
+        return Tensor(
+            self.op("Sqrt", [self.op("Add", [self.op("Abs", [t.name]), self.f32(eps, "eps")])]),
+            float(np.sqrt(t.bound + eps)),
+        )
 
     def s_softmax_weight(self):
         """A weight read by a keep_fp32 op (Softmax) and, when shared, also by MatMuls."""
@@ -482,13 +511,16 @@ class _Builder:
         if kind == "axis0":
             c = self.op("Concat", [a.name, b.name], axis=0)
             start = self.draw(st.sampled_from([0, 1, 2]))
-            return Tensor(self.op("Slice", [c, self.i64([start]), self.i64([start + self.shape[0]]), self.i64([0])]),
-                          max(a.bound, b.bound))
+            return Tensor(
+                self.op("Slice", [c, self.i64([start]), self.i64([start + self.shape[0]]), self.i64([0])]),
+                max(a.bound, b.bound),
+            )
         c = self.op("Concat", [a.name, b.name], axis=-1)
         if kind == "slice":
             start = self.draw(st.sampled_from([0, 4, 8]))
-            return Tensor(self.op("Slice", [c, self.i64([start]), self.i64([start + D]), self.i64([-1])]),
-                          max(a.bound, b.bound))
+            return Tensor(
+                self.op("Slice", [c, self.i64([start]), self.i64([start + D]), self.i64([-1])]), max(a.bound, b.bound)
+            )
         w, wa = self.weight((2 * D, D), 1 / np.sqrt(2 * D))
         return Tensor(self.op("MatMul", [c, w]), max(a.bound, b.bound) * _colsum(wa))
 
@@ -521,8 +553,11 @@ class _Builder:
             return Tensor(self.op("Mul", [t.name, ind]), t.bound)
         if kind == "fill":
             t = self.pick()
-            fill = self.op("ConstantOfShape", [self.op("Shape", [t.name])],
-                           value=numpy_helper.from_array(np.array([0.5], np.float32), "fill_value"))
+            fill = self.op(
+                "ConstantOfShape",
+                [self.op("Shape", [t.name])],
+                value=numpy_helper.from_array(np.array([0.5], np.float32), "fill_value"),
+            )
             return Tensor(self.op("Add", [t.name, fill]), t.bound + 0.5)
         # comparison on the exact graph input, choosing between two arbitrary tensors
         a, b = self.pick(), self.pick()
@@ -558,7 +593,7 @@ class _Builder:
             if self.draw(st.booleans()):
                 big = self.op("Relu", [big])
             if self.depth == 0 and self.draw(st.integers(0, 2)) == 0:
-                self.extra_outputs.append((big, F32, list(self.shape)))   # a graph output beyond fp16
+                self.extra_outputs.append((big, F32, list(self.shape)))  # a graph output beyond fp16
             if self.draw(st.booleans()):
                 return Tensor(self.op("Div", [big, self.f32(7e4, "big")]), t.bound)
             return Tensor(self.op("Mul", [big, self.f32(1 / 7e4, "small")]), t.bound * 1.001)
@@ -566,8 +601,9 @@ class _Builder:
             small = self.op("Mul", [t.name, self.f32(1e-8, "tiny")])
             return Tensor(self.op("Mul", [small, self.f32(1e8, "huge")]), t.bound * 1.001)
         if kind == "eps_add":
-            return Tensor(self.op("Add", [t.name, self.f32(self.draw(st.sampled_from([1e-8, 1e-12])), "eps")]),
-                          t.bound + 1e-8)
+            return Tensor(
+                self.op("Add", [t.name, self.f32(self.draw(st.sampled_from([1e-8, 1e-12])), "eps")]), t.bound + 1e-8
+            )
         fill = self.draw(st.sampled_from([-1e9, -6e4, -65504.0, -3.4e38, -np.inf]))
         if kind == "mask_where":
             cond = self.op("Less", [self.x(), self.f32(float(self.draw(st.sampled_from([0.0, -0.5]))), "thr")])
@@ -580,8 +616,22 @@ class _Builder:
     def s_keep_more(self):
         """More keep_fp32 ops: Reciprocal, Sin, Cos, Softplus, CumSum, Mean, ReduceMax/Min/L2/SumSquare."""
         t = self.pick()
-        kind = self.draw(st.sampled_from(["Reciprocal", "Sin", "Cos", "Softplus", "CumSum", "Mean", "ReduceMax",
-                                          "ReduceMin", "ReduceL2", "ReduceSumSquare"]))
+        kind = self.draw(
+            st.sampled_from(
+                [
+                    "Reciprocal",
+                    "Sin",
+                    "Cos",
+                    "Softplus",
+                    "CumSum",
+                    "Mean",
+                    "ReduceMax",
+                    "ReduceMin",
+                    "ReduceL2",
+                    "ReduceSumSquare",
+                ]
+            )
+        )
         self.steps.append(kind)
         if kind == "Reciprocal":
             arg = self.op("Add", [self.op("Abs", [t.name]), self.f32(1.0, "one")])
@@ -591,8 +641,15 @@ class _Builder:
         if kind == "Softplus":
             return Tensor(self.op(kind, [t.name]), t.bound + 0.7)
         if kind == "CumSum":
-            return Tensor(self.op(kind, [t.name, self.i64(np.array(-1), "axis")], exclusive=int(self.draw(st.booleans())),
-                                  reverse=int(self.draw(st.booleans()))), D * t.bound)
+            return Tensor(
+                self.op(
+                    kind,
+                    [t.name, self.i64(np.array(-1), "axis")],
+                    exclusive=int(self.draw(st.booleans())),
+                    reverse=int(self.draw(st.booleans())),
+                ),
+                D * t.bound,
+            )
         if kind == "Mean":
             u, v = self.pick(), self.pick()
             return Tensor(self.op(kind, [t.name, u.name, v.name]), max(t.bound, u.bound, v.bound))
@@ -615,11 +672,15 @@ class _Builder:
         mean = (self.rng.standard_normal(channels) * 0.5).astype(np.float32)
         var = np.abs(self.rng.standard_normal(channels)).astype(np.float32) + 0.5
         if self.draw(st.booleans()):
-            var[0] = self.draw(st.sampled_from([0.0, 1e-8, 1e-12]))   # a dead channel
-        bound = (t.bound + float(np.abs(mean).max())) / float(np.sqrt(var.min() + eps)) * float(np.abs(scale[1]).max()) \
-            + float(np.abs(bias[1]).max())
-        out = self.op("BatchNormalization", [t.name, scale[0], bias[0], self.f32(mean, "bn_mean"), self.f32(var, "bn_var")],
-                      epsilon=eps)
+            var[0] = self.draw(st.sampled_from([0.0, 1e-8, 1e-12]))  # a dead channel
+        bound = (t.bound + float(np.abs(mean).max())) / float(np.sqrt(var.min() + eps)) * float(
+            np.abs(scale[1]).max()
+        ) + float(np.abs(bias[1]).max())
+        out = self.op(
+            "BatchNormalization",
+            [t.name, scale[0], bias[0], self.f32(mean, "bn_mean"), self.f32(var, "bn_var")],
+            epsilon=eps,
+        )
         return Tensor(out, bound)
 
     def s_pool(self):
@@ -662,7 +723,7 @@ class _Builder:
         bound = t.bound
         if mode == "constant" and self.draw(st.booleans()):
             value = self.draw(st.sampled_from([0.0, 0.5, -1.0]))
-            ins.append(self.f32(value, "pad_value"))      # must take the data's type
+            ins.append(self.f32(value, "pad_value"))  # must take the data's type
             bound = max(bound, abs(value))
         padded = self.op("Pad", ins, mode=mode)
         start = self.draw(st.sampled_from([0, 1, 2]))
@@ -721,7 +782,7 @@ class _Builder:
             bound = 1.0 if kind == "Tanh" else bound
         elif kind == "Add":
             if self.z is not None and self.draw(st.booleans()):
-                u = Tensor(self.z, self.z_bound)           # the fp16 graph input, read as it is
+                u = Tensor(self.z, self.z_bound)  # the fp16 graph input, read as it is
                 h = self.op("Add", [h, u.name])
             else:
                 u = self.pick()
@@ -732,7 +793,7 @@ class _Builder:
             h = self.op("Mul", [h, self.const(c, "c16")])
             bound = t.bound * float(np.abs(c.astype(np.float32)).max())
         if self.depth == 0 and self.draw(st.integers(0, 3)) == 0:
-            self.extra_outputs.append((h, F16, list(self.shape)))      # a float16 graph output
+            self.extra_outputs.append((h, F16, list(self.shape)))  # a float16 graph output
         return Tensor(self.op("Cast", [h], to=F32), bound)
 
     def s_mask_where(self):
@@ -744,8 +805,23 @@ class _Builder:
         return Tensor(self.op("Softmax", [masked], axis=-1), 1.0)
 
     # ---- control flow --------------------------------------------------------------------
-    BODY_STEPS = ("s_matmul", "s_binary", "s_unary", "s_softmax", "s_layernorm", "s_cast", "s_reduce",
-                  "s_exp", "s_gather", "s_limits", "s_concat", "s_fp16_segment", "s_keep_more", "s_if", "s_loop")
+    BODY_STEPS = (
+        "s_matmul",
+        "s_binary",
+        "s_unary",
+        "s_softmax",
+        "s_layernorm",
+        "s_cast",
+        "s_reduce",
+        "s_exp",
+        "s_gather",
+        "s_limits",
+        "s_concat",
+        "s_fp16_segment",
+        "s_keep_more",
+        "s_if",
+        "s_loop",
+    )
 
     def _body(self, local_pool, n_min=1):
         """Run 1-2 steps in a fresh graph scope; returns (nodes, initializers, result)."""
@@ -779,8 +855,9 @@ class _Builder:
             nodes, inits, result = self._body([])
             out = self.fresh(f"{tag}_out")
             nodes.append(helper.make_node("Identity", [result.name], [out], name=self.fresh(f"n_{tag}_Identity")))
-            g = helper.make_graph(nodes, self.fresh(f"{tag}_body"), [],
-                                  [helper.make_tensor_value_info(out, F32, list(self.shape))], inits)
+            g = helper.make_graph(
+                nodes, self.fresh(f"{tag}_body"), [], [helper.make_tensor_value_info(out, F32, list(self.shape))], inits
+            )
             branches.append((g, result.bound))
         out = self.op("If", [cond], then_branch=branches[0][0], else_branch=branches[1][0])
         self.steps.append("If")
@@ -793,34 +870,53 @@ class _Builder:
         cond_kind = self.draw(st.sampled_from(["none", "const", "computed"]))
         m = self.i64(np.array(trips), "trips")
         if cond_kind == "computed" and self.draw(st.booleans()):
-            m = ""                                   # a while loop: ends when the body says so
+            m = ""  # a while loop: ends when the body says so
         cond_in = "" if cond_kind == "none" else self.const(np.array(True), "cond")
         it, c_in, v = self.fresh("iter"), self.fresh("cond_in"), self.fresh("v")
-        local = [Tensor(v, max(v0.bound, 4.0))]      # loop-carried: ends every iteration squashed to <= 4
+        local = [Tensor(v, max(v0.bound, 4.0))]  # loop-carried: ends every iteration squashed to <= 4
         w0 = self.pick() if self.draw(st.booleans()) else None
-        if w0 is not None:                           # a second loop-carried value
+        if w0 is not None:  # a second loop-carried value
             w = self.fresh("w_carried")
             local.append(Tensor(w, max(w0.bound, 4.0)))
         saved_nodes = self.nodes
         nodes, inits, result = self._body(local)
-        self.nodes = nodes                           # back in the body for its last nodes
+        self.nodes = nodes  # back in the body for its last nodes
         self.depth += 1
-        if self.draw(st.booleans()):                 # the iteration counter, cast to float
+        if self.draw(st.booleans()):  # the iteration counter, cast to float
             fi = self.op("Cast", [it], to=F32)
-            result = Tensor(self.op("Add", [result.name, self.op("Mul", [fi, self.f32(0.1, "step")])]),
-                            result.bound + 0.3)
-        carried = self.op("Clip", [self.op("Tanh", [result.name]) if self.draw(st.booleans()) else result.name,
-                                   self.f32(-4.0, "lo"), self.f32(4.0, "hi")])
+            result = Tensor(
+                self.op("Add", [result.name, self.op("Mul", [fi, self.f32(0.1, "step")])]), result.bound + 0.3
+            )
+        carried = self.op(
+            "Clip",
+            [
+                self.op("Tanh", [result.name]) if self.draw(st.booleans()) else result.name,
+                self.f32(-4.0, "lo"),
+                self.f32(4.0, "hi"),
+            ],
+        )
         if cond_kind == "computed":
             c_out = self.op("Less", [it, self.i64(np.array(self.draw(st.integers(0, 2))), "last_iter")])
         else:
             c_out = self.op("Identity", [c_in])
-        outputs = [helper.make_tensor_value_info(c_out, BOOL, []), helper.make_tensor_value_info(carried, F32, list(self.shape))]
-        body_inputs = [helper.make_tensor_value_info(it, I64, []), helper.make_tensor_value_info(c_in, BOOL, []),
-                       helper.make_tensor_value_info(v, F32, list(self.shape))]
+        outputs = [
+            helper.make_tensor_value_info(c_out, BOOL, []),
+            helper.make_tensor_value_info(carried, F32, list(self.shape)),
+        ]
+        body_inputs = [
+            helper.make_tensor_value_info(it, I64, []),
+            helper.make_tensor_value_info(c_in, BOOL, []),
+            helper.make_tensor_value_info(v, F32, list(self.shape)),
+        ]
         if w0 is not None:
-            w_out = self.op("Clip", [self.op(self.draw(st.sampled_from(["Neg", "Relu", "Tanh"])), [w]),
-                                     self.f32(-4.0, "lo"), self.f32(4.0, "hi")])
+            w_out = self.op(
+                "Clip",
+                [
+                    self.op(self.draw(st.sampled_from(["Neg", "Relu", "Tanh"])), [w]),
+                    self.f32(-4.0, "lo"),
+                    self.f32(4.0, "hi"),
+                ],
+            )
             outputs.append(helper.make_tensor_value_info(w_out, F32, list(self.shape)))
             body_inputs.append(helper.make_tensor_value_info(w, F32, list(self.shape)))
         scan = self.draw(st.booleans())
@@ -830,11 +926,13 @@ class _Builder:
         self.nodes = saved_nodes
         self.depth -= 1
         body = helper.make_graph(nodes, self.fresh("loop_body"), body_inputs, outputs, inits)
-        self.steps.append(f"Loop:{cond_kind}{'' if m else ':while'}{':2carried' if w0 else ''}{':scan' if scan else ''}")
+        self.steps.append(
+            f"Loop:{cond_kind}{'' if m else ':while'}{':2carried' if w0 else ''}{':scan' if scan else ''}"
+        )
         carried_in = [v0.name] + ([w0.name] if w0 is not None else [])
         outs = self.op("Loop", [m, cond_in] + carried_in, n_out=len(carried_in) + int(scan), body=body)
         outs = outs if isinstance(outs, list) else [outs]
-        for extra in outs[1:len(carried_in)]:
+        for extra in outs[1 : len(carried_in)]:
             self.pool.append(Tensor(extra, 4.0))
         if scan:
             mean = self.op("ReduceMean", [outs[-1]], axes=[0], keepdims=0)
@@ -854,16 +952,24 @@ class _Builder:
         self.pool = [p for p in saved_pool if p.name not in self.no_outer]
         w, _ = self.weight((D, D), 1 / np.sqrt(D))
         mixed = self.op("Add", [state, self.op("MatMul", [row, w])])
-        state_out = self.op("Clip", [self.op("Tanh", [mixed]) if self.draw(st.booleans()) else mixed,
-                                     self.f32(-4.0, "lo"), self.f32(4.0, "hi")])
+        state_out = self.op(
+            "Clip",
+            [
+                self.op("Tanh", [mixed]) if self.draw(st.booleans()) else mixed,
+                self.f32(-4.0, "lo"),
+                self.f32(4.0, "hi"),
+            ],
+        )
         kind = self.draw(st.sampled_from(["Add", "Mul", "Sub"]))
         scan_out = self.op(kind, [row, self.op("Identity", [state_out])])
         body_nodes = self.nodes
         self.nodes, self.pool, self.depth = saved_nodes, saved_pool, self.depth - 1
-        body = helper.make_graph(body_nodes, self.fresh("scan_body"),
-                                 [helper.make_tensor_value_info(state, F32, inner), helper.make_tensor_value_info(row, F32, inner)],
-                                 [helper.make_tensor_value_info(state_out, F32, inner),
-                                  helper.make_tensor_value_info(scan_out, F32, inner)])
+        body = helper.make_graph(
+            body_nodes,
+            self.fresh("scan_body"),
+            [helper.make_tensor_value_info(state, F32, inner), helper.make_tensor_value_info(row, F32, inner)],
+            [helper.make_tensor_value_info(state_out, F32, inner), helper.make_tensor_value_info(scan_out, F32, inner)],
+        )
         final, stacked = self.op("Scan", [init_state, t.name], n_out=2, body=body, num_scan_inputs=1)
         bound = t.bound * 4.0 if kind == "Mul" else t.bound + 4.0
         return Tensor(self.op("Add", [stacked, final]), bound + 4.0)
@@ -878,13 +984,46 @@ def _all_nodes(nodes):
 
 
 # Step kinds with their draw weights; simplest first (hypothesis shrinks towards the first).
-STEPS = [("s_unary", 3), ("s_binary", 4), ("s_matmul", 6), ("s_gemm", 2), ("s_conv", 2), ("s_attention", 3),
-         ("s_softmax", 2), ("s_layernorm", 2), ("s_reduce", 2), ("s_exp", 1), ("s_log", 1), ("s_pow", 1),
-         ("s_sqrt", 1), ("s_softmax_weight", 1), ("s_reshape", 1), ("s_transpose", 1), ("s_identity", 1),
-         ("s_concat", 2), ("s_squeeze", 1), ("s_gather", 1), ("s_nonfloat", 2), ("s_cast", 2), ("s_limits", 3),
-         ("s_if", 2), ("s_loop", 2), ("s_keep_more", 2), ("s_norm", 1), ("s_pool", 1), ("s_einsum", 2),
-         ("s_split", 1), ("s_pad", 1), ("s_shape_ops", 1), ("s_eyelike", 1), ("s_embedding", 1), ("s_castlike", 1),
-         ("s_fp16_segment", 2), ("s_mask_where", 1), ("s_scan", 1)]
+STEPS = [
+    ("s_unary", 3),
+    ("s_binary", 4),
+    ("s_matmul", 6),
+    ("s_gemm", 2),
+    ("s_conv", 2),
+    ("s_attention", 3),
+    ("s_softmax", 2),
+    ("s_layernorm", 2),
+    ("s_reduce", 2),
+    ("s_exp", 1),
+    ("s_log", 1),
+    ("s_pow", 1),
+    ("s_sqrt", 1),
+    ("s_softmax_weight", 1),
+    ("s_reshape", 1),
+    ("s_transpose", 1),
+    ("s_identity", 1),
+    ("s_concat", 2),
+    ("s_squeeze", 1),
+    ("s_gather", 1),
+    ("s_nonfloat", 2),
+    ("s_cast", 2),
+    ("s_limits", 3),
+    ("s_if", 2),
+    ("s_loop", 2),
+    ("s_keep_more", 2),
+    ("s_norm", 1),
+    ("s_pool", 1),
+    ("s_einsum", 2),
+    ("s_split", 1),
+    ("s_pad", 1),
+    ("s_shape_ops", 1),
+    ("s_eyelike", 1),
+    ("s_embedding", 1),
+    ("s_castlike", 1),
+    ("s_fp16_segment", 2),
+    ("s_mask_where", 1),
+    ("s_scan", 1),
+]
 _STEP_LIST = [name for name, weight in STEPS for _ in range(weight)]
 
 
@@ -909,7 +1048,7 @@ def onnx_models(draw, max_steps: int = 12):
         b.x_names.append(name)
         b.pool.append(Tensor(name, max(float(np.abs(value).max()), 1e-3)))
 
-    if draw(st.integers(0, 4)) == 0:                       # a float16 input, read as it is and cast up
+    if draw(st.integers(0, 4)) == 0:  # a float16 input, read as it is and cast up
         z = np.clip(rng.standard_normal(shape) * scale, -LIMIT, LIMIT).astype(np.float16)
         feeds["z"] = z
         inputs.append(helper.make_tensor_value_info("z", F16, declared))
@@ -917,7 +1056,7 @@ def onnx_models(draw, max_steps: int = 12):
         b.pool.append(Tensor(b.op("Cast", ["z"], to=F32), b.z_bound))
         b.cast_out.add(b.pool[-1].name)
 
-    if draw(st.integers(0, 3)) == 0:                       # an int64 input (token ids)
+    if draw(st.integers(0, 3)) == 0:  # an int64 input (token ids)
         feeds["ids"] = rng.integers(0, D, size=shape[:-1]).astype(np.int64)
         inputs.append(helper.make_tensor_value_info("ids", I64, declared[:-1]))
         b.ids = "ids"
@@ -940,7 +1079,7 @@ def onnx_models(draw, max_steps: int = 12):
     for n in _all_nodes(b.nodes):
         read.update(n.input)
     leaves = [name for name in produced if name not in read and name not in outputs]
-    outputs += leaves[-draw(st.integers(0, 3)):] if leaves else []
+    outputs += leaves[-draw(st.integers(0, 3)) :] if leaves else []
     for name in draw(st.lists(st.sampled_from(produced or outputs), max_size=2, unique=True)):
         if name not in outputs:
             outputs.append(name)
@@ -951,22 +1090,22 @@ def onnx_models(draw, max_steps: int = 12):
         if name not in outputs:
             outputs.append(name)
             value_infos.append(helper.make_tensor_value_info(name, elem, out_shape))
-    if b.arrays and draw(st.integers(0, 4)) == 0:          # an output straight from an initializer
+    if b.arrays and draw(st.integers(0, 4)) == 0:  # an output straight from an initializer
         name = draw(st.sampled_from(sorted(b.arrays)))
         value_infos.append(helper.make_tensor_value_info(name, F32, list(b.arrays[name].shape)))
-    if draw(st.integers(0, 7)) == 0:                       # the graph input itself as an output
+    if draw(st.integers(0, 7)) == 0:  # the graph input itself as an output
         value_infos.append(helper.make_tensor_value_info("x", F32, list(shape)))
     if b.constant_nodes and draw(st.integers(0, 4)) == 0:  # an output straight from a Constant node
         name, array = b.constant_nodes[draw(st.integers(0, len(b.constant_nodes) - 1))]
         if name not in [vi.name for vi in value_infos]:
             elem = helper.np_dtype_to_tensor_dtype(array.dtype)
             value_infos.append(helper.make_tensor_value_info(name, elem, list(array.shape)))
-    if b.arrays and draw(st.integers(0, 5)) == 0:          # an initializer that is also a graph input
+    if b.arrays and draw(st.integers(0, 5)) == 0:  # an initializer that is also a graph input
         name = draw(st.sampled_from(sorted(b.arrays)))
         inputs.append(helper.make_tensor_value_info(name, F32, list(b.arrays[name].shape)))
 
     graph = helper.make_graph(b.nodes, "fuzz", inputs, value_infos, b.main_inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)
     if draw(st.booleans()):
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=True)   # with value_info
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True)  # with value_info
     return Generated(model=model, feeds=feeds, steps=b.steps)

@@ -21,8 +21,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "add_check.py"
-COPIED = ["autocast_onnx", "rules", "pyproject.toml", "docs/rules.md", "tests/conftest.py", "tests/helpers.py",
-          "tests/lint_helpers.py", "tests/test_lint_checks.py", "tests/test_rules_doc.py"]
+COPIED = [
+    "autocast_onnx",
+    "rules",
+    "pyproject.toml",
+    "docs/rules.md",
+    "tests/conftest.py",
+    "tests/helpers.py",
+    "tests/lint_helpers.py",
+    "tests/test_lint_checks.py",
+    "tests/test_rules_doc.py",
+]
 NEW = ["--code", "AC404", "--name", "some-kebab-name", "--severity", "warning", "--summary", "One line."]
 
 
@@ -48,18 +57,35 @@ def env_for(copy: Path) -> dict:
 
 def scaffold(copy: Path, *args: str) -> subprocess.CompletedProcess:
     assert copy.resolve() != ROOT, "the scaffold never runs on the real repository in tests"
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "--root", str(copy)], check=False, cwd=copy,
-                          env=env_for(copy), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--root", str(copy)],
+        check=False,
+        cwd=copy,
+        env=env_for(copy),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def in_copy(copy: Path, code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], check=False, cwd=copy, env=env_for(copy),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        check=False,
+        cwd=copy,
+        env=env_for(copy),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def snapshot(copy: Path) -> dict:
-    return {str(p.relative_to(copy)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(copy.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(copy)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(copy.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +112,7 @@ def test_scaffold_edits_the_four_files_and_says_so(scaffolded):
     assert "AC404" in out and "test_ac404_bad" in out
     after = snapshot(copy)
     changed = {k for k in after if before.get(k) != after[k]}
-    assert changed == {"rules/lint.toml", "autocast_onnx/lint/checks.py", "tests/test_lint_checks.py",
-                       "docs/rules.md"}
+    assert changed == {"rules/lint.toml", "autocast_onnx/lint/checks.py", "tests/test_lint_checks.py", "docs/rules.md"}
 
 
 LOAD = """
@@ -120,7 +145,7 @@ def test_catalog_of_the_copy_loads_the_entry_and_the_registered_stub(scaffolded)
     assert got["entry"]["name"] == "some-kebab-name"
     assert got["entry"]["severity"] == "warning"
     assert got["entry"]["kind"] == "some-kebab-name"
-    assert got["entry"]["summary"] == "One line"           # docs/rules.md adds the period
+    assert got["entry"]["summary"] == "One line"  # docs/rules.md adds the period
     for key in ("why", "fix", "example"):
         assert got["entry"][key].startswith("TODO"), key
     assert got["entry"]["params"] == {}
@@ -142,9 +167,27 @@ def test_docs_of_the_copy_mention_the_new_check(scaffolded):
 def test_generated_bad_case_fails_and_the_rest_passes(scaffolded, tmp_path):
     copy = scaffolded[0]
     report = tmp_path / "report.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                           "tests/test_rules_doc.py", "tests/test_lint_checks.py", "-k", "ac404 or rules"],
-                          check=False, cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "tests/test_rules_doc.py",
+            "tests/test_lint_checks.py",
+            "-k",
+            "ac404 or rules",
+        ],
+        check=False,
+        cwd=copy,
+        env=env_for(copy),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     results = {}
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -163,13 +206,24 @@ def test_generated_bad_case_fails_and_the_rest_passes(scaffolded, tmp_path):
 def test_existing_kind_adds_no_stub(tmp_path):
     copy = make_copy(tmp_path / "repo")
     checks_before = (copy / "autocast_onnx" / "lint" / "checks.py").read_bytes()
-    proc = scaffold(copy, "--code", "AC106", "--name", "exp-in-half", "--severity", "error", "--summary",
-                    "Exp in fp16", "--kind", "op-family")
+    proc = scaffold(
+        copy,
+        "--code",
+        "AC106",
+        "--name",
+        "exp-in-half",
+        "--severity",
+        "error",
+        "--summary",
+        "Exp in fp16",
+        "--kind",
+        "op-family",
+    )
     assert proc.returncode == 0, proc.stderr
     assert (copy / "autocast_onnx" / "lint" / "checks.py").read_bytes() == checks_before
     assert "unchanged" in proc.stdout
     lint = (copy / "rules" / "lint.toml").read_text(encoding="utf-8")
-    entry = lint[lint.index('code = "AC106"'):lint.index('code = "AC201"')]
+    entry = lint[lint.index('code = "AC106"') : lint.index('code = "AC201"')]
     assert 'kind = "op-family"' in entry and "# TODO: the parameters of kind 'op-family'" in entry
     assert lint.index('code = "AC105"') < lint.index('code = "AC106"') < lint.index('code = "AC201"')
     tests = (copy / "tests" / "test_lint_checks.py").read_text(encoding="utf-8")
@@ -210,7 +264,7 @@ def with_overrides(overrides):
         if overrides[i] in args:
             args[args.index(overrides[i]) + 1] = overrides[i + 1]
         else:
-            extra += overrides[i:i + 2]
+            extra += overrides[i : i + 2]
     return args + extra
 
 
@@ -246,7 +300,7 @@ def module():
 def test_retired_codes_from_the_git_history_are_refused(module, pristine, monkeypatch, capsys):
     history = '@@ -1 +1 @@\n-code = "AC499"\n+code = "AC101"\n'
     assert module.retired_codes(history, {"AC101"}) == {"AC499"}
-    assert module.git_history(pristine) == ""           # not a git work tree: no history, no crash
+    assert module.git_history(pristine) == ""  # not a git work tree: no history, no crash
     monkeypatch.setattr(module, "git_history", lambda root: history)
     before = snapshot(pristine)
     assert module.main(with_overrides(["--code", "AC499", "--root", str(pristine)])) == 2

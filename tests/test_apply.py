@@ -10,13 +10,13 @@ case_helpers.run_converted)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
-import autocast_onnx
 import case_helpers as C
 import helpers as H
+import numpy as np
+import pytest
 from helpers import F16, F32, convert_and_check, parse, randn
+
+import autocast_onnx
 
 
 # =========================================================================================
@@ -25,7 +25,8 @@ from helpers import F16, F32, convert_and_check, parse, randn
 def if_model():
     """If whose branches read outer-scope x and outer initializer W_outer:
     then: MatMul -> Softmax;  else: MatMul -> Add(else-local bias) -> Softmax."""
-    m = parse("""
+    m = parse(
+        """
         branching (float[2,4] x, bool cond) => (float[2,4] y) {
             [branch] y = If (cond) <
                 then_branch = then_body () => (float[2,4] then_out) {
@@ -37,7 +38,9 @@ def if_model():
                     [else_bias] else_b = Add(else_s, b_else)
                     [else_softmax] else_out = Softmax <axis = -1> (else_b)
                 }>
-        }""", W_outer=randn([4, 4], 1))
+        }""",
+        W_outer=randn([4, 4], 1),
+    )
     H.add_initializers(C.body(m, "branch", "else_branch"), b_else=randn([4], 5))
     return m
 
@@ -95,7 +98,8 @@ def test_outer_tensor_cast_once_in_defining_graph(precision, keep_io):
     """h is made by a MatMul in main and read inside both branches: by a Softmax (fp32) in
     each, and by a MatMul (low) in the then branch. The fp32 copy of h is made once, in main,
     right after its producer; the low-precision MatMul reads h itself."""
-    m = parse("""
+    m = parse(
+        """
         outer_read (float[4,4] x, bool cond) => (float[4,4] y) {
             [pre_mm] h = MatMul(x, W)
             [pre_t] h_t = Transpose(h)
@@ -107,7 +111,9 @@ def test_outer_tensor_cast_once_in_defining_graph(precision, keep_io):
                 else_branch = else_body () => (float[4,4] else_out) {
                     [else_softmax] else_out = Softmax <axis = 0> (h)
                 }>
-        }""", W=randn([4, 4], 6))
+        }""",
+        W=randn([4, 4], 6),
+    )
     H.check(m)
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
     assert C.entry(result, "pre_mm").precision == precision
@@ -127,7 +133,8 @@ def test_outer_tensor_cast_once_in_defining_graph(precision, keep_io):
 def loop_model():
     """Loop (3 trips) with a MatMul in the body; h is loop-carried float state, and the
     pre-activation is also a scan output."""
-    return parse("""
+    return parse(
+        """
         looping (float[1,4] x) => (float[1,4] h_final, float[3,1,4] h_trace) {
             [loop] h_final, h_trace = Loop (trips, keep_going, x) <
                 body = loop_body (int64 iter, bool cond_in, float[1,4] h_in)
@@ -136,7 +143,11 @@ def loop_model():
                     [loop_act] h_out = Tanh(loop_mm_out)
                     [loop_cond] cond_out = Identity(cond_in)
                 }>
-        }""", trips=np.array(3, np.int64), keep_going=np.array(True), W_loop=randn([4, 4], 3, 0.7))
+        }""",
+        trips=np.array(3, np.int64),
+        keep_going=np.array(True),
+        W_loop=randn([4, 4], 3, 0.7),
+    )
 
 
 def test_loop_body_matmul_with_loop_carried_float_state(precision, keep_io):
@@ -153,7 +164,7 @@ def test_loop_body_matmul_with_loop_carried_float_state(precision, keep_io):
     body_path = next(p for p in gt if p.endswith("body"))
     assert gt[body_path]["h_in"] == F32
     assert gt[body_path]["h_out"] == F32
-    assert gt[body_path]["loop_mm_out"] == F32   # a body output: keeps its declared type
+    assert gt[body_path]["loop_mm_out"] == F32  # a body output: keeps its declared type
     assert C.initializer(out.graph, "W_loop").data_type == target
     assert C.output_types(out) == {"h_final": F32, "h_trace": F32}
     C.compare_runs(m, out, {"x": randn([1, 4], 4)}, precision)
@@ -215,11 +226,14 @@ def test_duplicate_initializer_names_across_branches(precision):
 # =========================================================================================
 def test_initializer_shared_by_low_and_fp32_consumer_gets_a_copy(precision, keep_io):
     W = randn([4, 4], 20)
-    m = parse("""
+    m = parse(
+        """
         shared_weight (float[2,4] x) => (float[2,4] y, float s) {
             [proj] y = MatMul(x, W)
             [w_sum] s = ReduceSum <keepdims = 0> (W)
-        }""", W=W)
+        }""",
+        W=W,
+    )
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
     assert C.entry(result, "proj").precision == precision
@@ -234,20 +248,23 @@ def test_initializer_shared_by_low_and_fp32_consumer_gets_a_copy(precision, keep
     assert H.node_by_name(out, "w_sum").input[0] == "W"
     # No Cast node reads the weight: initializers are converted offline.
     assert not [n for n in C.casts(out) if n.input[0] == "W"]
-    assert result.stats.casts_added == (2 if keep_io else 0)   # x in, y out
+    assert result.stats.casts_added == (2 if keep_io else 0)  # x in, y out
     ref, got = C.compare_runs(m, out, {"x": randn([2, 4], 21)}, precision)
     if got is not None:
-        np.testing.assert_array_equal(got[1], ref[1])   # the fp32 path is exact
+        np.testing.assert_array_equal(got[1], ref[1])  # the fp32 path is exact
 
 
 def test_initializer_shared_by_two_matmuls_converted_once(precision):
     W = randn([4, 4], 22, 0.5)
-    m = parse("""
+    m = parse(
+        """
         same_weight_twice (float[2,4] x) => (float[2,4] y) {
             [mm_a] a = MatMul(x, W)
             [act] r = Relu(a)
             [mm_b] y = MatMul(r, W)
-        }""", W=W)
+        }""",
+        W=W,
+    )
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision)
     assert [t.name for t in out.graph.initializer] == ["W"]
@@ -266,13 +283,19 @@ def test_initializer_shared_by_two_matmuls_converted_once(precision):
 # the fill fp32 and cast it (one Cast), an fp16 conversion retargets the value attribute.
 @pytest.mark.parametrize("precision,opset", [("fp16", 17), ("bf16", 17), ("bf16", 21)])
 def test_constant_of_shape_value_retargeted(precision, opset, keep_io):
-    m = parse("""
+    m = parse(
+        """
         fill (float[2,4] x) => (float[2,4] y) {
             [mm] a = MatMul(x, W)
             [fill] f = ConstantOfShape <value = float[1] {0.5}> (shape)
             [fill_add] b = Add(a, f)
             [mm2] y = MatMul(b, W2)
-        }""", opset=opset, W=randn([4, 4], 40), W2=randn([4, 4], 41), shape=np.array([2, 4], np.int64))
+        }""",
+        opset=opset,
+        W=randn([4, 4], 40),
+        W2=randn([4, 4], 41),
+        shape=np.array([2, 4], np.int64),
+    )
     H.check(m)
     target = C.TARGET[precision]
     retarget = not (precision == "bf16" and opset < 21)
@@ -303,12 +326,16 @@ def test_constant_of_shape_value_retargeted(precision, opset, keep_io):
 # =========================================================================================
 def test_graph_output_also_consumed_internally(precision, keep_io):
     """h = MatMul(x) is a graph output, feeds another MatMul and a Softmax (fp32)."""
-    m = parse("""
+    m = parse(
+        """
         output_and_input (float[2,4] x) => (float[2,4] h, float[2,4] y, float[2,4] p) {
             [mm1] h = MatMul(x, W1)
             [mm2] y = MatMul(h, W2)
             [h_softmax] p = Softmax <axis = -1> (h)
-        }""", W1=randn([4, 4], 60), W2=randn([4, 4], 61))
+        }""",
+        W1=randn([4, 4], 60),
+        W2=randn([4, 4], 61),
+    )
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
     assert [o.name for o in out.graph.output] == ["h", "y", "p"]
@@ -323,20 +350,23 @@ def test_graph_output_also_consumed_internally(precision, keep_io):
         # the Softmax reads the fp32 graph output itself (one cast per tensor and type)
         assert C.producer(out.graph, mm2.input[0]).name == "mm1"
         assert sm.input[0] == "h"
-        assert result.stats.casts_added == 3   # x in, h out, y out
+        assert result.stats.casts_added == 3  # x in, h out, y out
     else:
         assert C.output_types(out) == {"h": target, "y": target, "p": F32}
         assert mm2.input[0] == "h"
-        assert result.stats.casts_added == 1   # h -> fp32 for the Softmax
+        assert result.stats.casts_added == 1  # h -> fp32 for the Softmax
     C.compare_runs(m, out, {"x": randn([2, 4], 62)}, precision)
 
 
 def test_graph_output_from_initializer(precision, keep_io):
-    W = randn([4, 4], 70) + np.float32(2 ** -13)   # values that are not exact in fp16/bf16
-    m = parse("""
+    W = randn([4, 4], 70) + np.float32(2**-13)  # values that are not exact in fp16/bf16
+    m = parse(
+        """
         weight_output (float[2,4] x) => (float[2,4] y, float[4,4] W) {
             [proj] y = MatMul(x, W)
-        }""", W=W)
+        }""",
+        W=W,
+    )
     H.check(m)
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
     assert C.entry(result, "proj").precision == precision
@@ -345,7 +375,7 @@ def test_graph_output_from_initializer(precision, keep_io):
     assert C.output_types(out)["W"] == F32
     assert C.initializer(out.graph, "W").data_type == F32
     np.testing.assert_array_equal(C.as_float(C.initializer(out.graph, "W")), W)
-    ref, got = C.compare_runs(m, out, {"x": randn([2, 4], 71)}, precision)
+    _ref, got = C.compare_runs(m, out, {"x": randn([2, 4], 71)}, precision)
     if got is not None:
         np.testing.assert_array_equal(got[1], W)
 
@@ -354,11 +384,14 @@ def test_graph_output_from_initializer(precision, keep_io):
 # 5. Already-converted models and idempotence
 # =========================================================================================
 def fp16_model():
-    return parse("""
+    return parse(
+        """
         half (float16[2,4] x) => (float16[2,4] y) {
             [mm] s = MatMul(x, W)
             [sm] y = Softmax <axis = -1> (s)
-        }""", W=randn([4, 4], 90).astype(np.float16))
+        }""",
+        W=randn([4, 4], 90).astype(np.float16),
+    )
 
 
 def test_already_fp16_model_softmax_goes_fp32_and_is_idempotent():
@@ -372,7 +405,7 @@ def test_already_fp16_model_softmax_goes_fp32_and_is_idempotent():
     assert types[sm.input[0]] == F32 and types[sm.output[0]] == F32
     assert C.input_types(out) == {"x": F16} and C.output_types(out) == {"y": F16}
     assert C.initializer(out.graph, "W").data_type == F16
-    assert r1.stats.casts_added == 2     # s -> fp32 for Softmax, Softmax result -> fp16 output
+    assert r1.stats.casts_added == 2  # s -> fp32 for Softmax, Softmax result -> fp16 output
     x = randn([2, 4], 91).astype(np.float16)
     ref = H.run(m, {"x": x})[0]
     got = H.run(out, {"x": x})[0]
@@ -384,7 +417,8 @@ def test_already_fp16_model_softmax_goes_fp32_and_is_idempotent():
 
 
 def mixed_model():
-    return parse("""
+    return parse(
+        """
         mixed (float[2,4] x) => (float[2,4] y) {
             [q_proj] q = MatMul(x, Wq)
             [attn_scores] s = MatMul(q, Wk)
@@ -393,8 +427,12 @@ def mixed_model():
             [attn_out] o = MatMul(p, Wv)
             [mean] mean = ReduceMean <axes = [-1]> (o)
             [center] y = Sub(o, mean)
-        }""", Wq=randn([4, 4], 92), Wk=randn([4, 4], 93), Wv=randn([4, 4], 94),
-        mask=np.array([0, 0, -1e9, 0], np.float32))
+        }""",
+        Wq=randn([4, 4], 92),
+        Wk=randn([4, 4], 93),
+        Wv=randn([4, 4], 94),
+        mask=np.array([0, 0, -1e9, 0], np.float32),
+    )
 
 
 def test_convert_twice_is_byte_identical(precision, keep_io):
@@ -406,8 +444,13 @@ def test_convert_twice_is_byte_identical(precision, keep_io):
     assert r2.model.SerializeToString() == r1.model.SerializeToString()
 
 
-IDEMPOTENCE_MODELS = {"if": if_model, "loop": loop_model, "dup_init": lambda: duplicate_init_model()[0],
-                      "eye_noise": H.eye_noise_model, "unknown_op": lambda: H.unknown_op_model(True)}
+IDEMPOTENCE_MODELS = {
+    "if": if_model,
+    "loop": loop_model,
+    "dup_init": lambda: duplicate_init_model()[0],
+    "eye_noise": H.eye_noise_model,
+    "unknown_op": lambda: H.unknown_op_model(True),
+}
 
 
 @pytest.mark.parametrize("case", sorted(IDEMPOTENCE_MODELS))
@@ -424,13 +467,17 @@ def test_convert_twice_is_byte_identical_other_graphs(case, keep_io):
 # 6. Names of the casts and copies the converter creates
 # =========================================================================================
 def test_unnamed_nodes(precision, keep_io):
-    m = parse("""
+    m = parse(
+        """
         unnamed (float[2,4] x) => (float[2,4] y) {
             a = MatMul(x, W1)
             p = Softmax <axis = -1> (a)
             b = MatMul(p, W2)
             y = Relu(b)
-        }""", W1=randn([4, 4], 100), W2=randn([4, 4], 101))
+        }""",
+        W1=randn([4, 4], 100),
+        W2=randn([4, 4], 101),
+    )
     assert not any(n.name for n in m.graph.node)
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
@@ -445,28 +492,33 @@ def test_unnamed_nodes(precision, keep_io):
 
 
 def test_tensor_with_two_low_consumers_gets_one_cast(precision):
-    m = parse("""
+    m = parse(
+        """
         fan_out (float[2,4] x) => (float[2,4] y) {
             [pre_act] r = Relu(x)
             [pre_softmax] p = Softmax <axis = -1> (r)
             [mm_a] a = MatMul(p, W1)
             [mm_b] b = MatMul(p, W2)
             [sum] y = Add(a, b)
-        }""", W1=randn([4, 4], 103), W2=randn([4, 4], 104))
+        }""",
+        W1=randn([4, 4], 103),
+        W2=randn([4, 4], 104),
+    )
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision)
     p_casts = [n for n in C.casts(out) if n.input[0] == "p"]
     assert len(p_casts) == 1 and C.cast_to(p_casts[0]) == target
     cast_out = p_casts[0].output[0]
     assert H.node_by_name(out, "mm_a").input[0] == cast_out == H.node_by_name(out, "mm_b").input[0]
-    assert result.stats.casts_added == 2   # p -> low, y -> fp32 output
+    assert result.stats.casts_added == 2  # p -> low, y -> fp32 output
     C.compare_runs(m, out, {"x": randn([2, 4], 105)}, precision)
 
 
 def test_existing_names_like_generated_casts(precision, keep_io):
     """Tensors and nodes already named x_fp16, x_bf16, W_fp16, W_bf16, y_fp16, y_bf16..."""
     taken = [f"{base}_{p}" for base in ("x", "W", "y", "a") for p in ("fp16", "bf16", "fp32")]
-    m = parse("""
+    m = parse(
+        """
         taken_names (float[2,4] x, float[2,4] a_fp16) => (float[2,4] y, float w_sum, float[2,4] y_fp32) {
             [x_fp16] a = MatMul(x, W)                  # node names like cast names
             [W_fp16] x_fp16 = Relu(a)                  # tensor named x_fp16
@@ -478,7 +530,9 @@ def test_existing_names_like_generated_casts(precision, keep_io):
             [a_bf16] y = MatMul(y_bf16, W)
             [W_fp32] w_sum = ReduceSum <keepdims = 0> (W)   # W also needed in fp32
             [a_fp32] y_fp32 = Identity(y_bf16)         # a graph output named y_fp32
-        }""", W=randn([4, 4], 106))
+        }""",
+        W=randn([4, 4], 106),
+    )
     H.check(m)
     _, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
     dup_t, dup_n = C.unique_names_ok(out)
@@ -488,4 +542,3 @@ def test_existing_names_like_generated_casts(precision, keep_io):
     assert not new & set(taken)
     feeds = {"x": randn([2, 4], 107), "a_fp16": randn([2, 4], 108)}
     C.compare_runs(m, out, feeds, precision)
-

@@ -20,16 +20,25 @@ import os
 import resource
 import sys
 
+import bad_input_helpers as B
 import numpy as np
 import onnx
 import pytest
+from bad_input_helpers import (
+    argv,
+    assert_ok,
+    assert_one_error,
+    invoke,
+    run_process,
+    sha,
+    small_model,
+    snapshot,
+    write_model,
+)
+from helpers import F32, init, model, tensor
 from onnx import TensorProto, helper
 
 import autocast_onnx.io as aio
-import bad_input_helpers as B
-from bad_input_helpers import (argv, assert_ok, assert_one_error, invoke, run_process, sha, small_model,
-                               snapshot, write_model)
-from helpers import F32, init, model, tensor
 
 ALL = ["convert", "lint", "validate", "check", "explain"]
 
@@ -87,10 +96,10 @@ def good_model(tmp_path, name="good.onnx"):
 FILE_ERRORS = {
     "text": "not an ONNX model",
     "empty": "empty",
-    "truncated": "not an ONNX model",        # the first half of bert_tiny.onnx
-    "flipped_bytes": "not an ONNX model",    # every 997th byte of bert_tiny.onnx inverted
-    "random_header": "not an ONNX model",    # the first 32 bytes of bert_tiny.onnx random
-    "random_bytes": "not an ONNX model",     # 4 KiB of noise
+    "truncated": "not an ONNX model",  # the first half of bert_tiny.onnx
+    "flipped_bytes": "not an ONNX model",  # every 997th byte of bert_tiny.onnx inverted
+    "random_header": "not an ONNX model",  # the first 32 bytes of bert_tiny.onnx random
+    "random_bytes": "not an ONNX model",  # 4 KiB of noise
     "directory": "directory",
     "missing": "not found",
 }
@@ -138,7 +147,7 @@ def test_random_bytes_inside_the_weights_still_parse(tmp_path, out, bert_bytes):
     tool cannot tell (there is no checksum in ONNX). It converts; the input is untouched."""
     data = bytearray(bert_bytes)
     mid = len(data) // 2
-    data[mid:mid + 64] = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    data[mid : mid + 64] = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
     path = tmp_path / "models" / "noisy_weights.onnx"
     path.parent.mkdir()
     path.write_bytes(bytes(data))
@@ -152,7 +161,7 @@ def corrupted_op_type(tmp_path, bert_bytes):
     """bert_tiny.onnx with one op_type field flipped from MatMul to MatMuk: the protobuf parses,
     the model names an op that ai.onnx does not have."""
     data = bytearray(bert_bytes)
-    k = data.find(b'"\x06MatMul')          # field 4 (op_type), length 6
+    k = data.find(b'"\x06MatMul')  # field 4 (op_type), length 6
     assert k > 0
     data[k + 7] = ord("k")
     path = tmp_path / "models" / "bad_op_type.onnx"
@@ -240,8 +249,9 @@ def make_external_case(case, tmp_path):
 def test_bad_external_data(tmp_path, out, monkeypatch, case, command):
     path, secret = make_external_case(case, tmp_path)
     never = [secret, "/etc/passwd"] if OUTSIDE in EXTERNAL_ERRORS[case] else []
-    refused(tmp_path, argv(command, path, out), *EXTERNAL_ERRORS[case], path.name, never_open=never,
-            monkeypatch=monkeypatch)
+    refused(
+        tmp_path, argv(command, path, out), *EXTERNAL_ERRORS[case], path.name, never_open=never, monkeypatch=monkeypatch
+    )
 
 
 def test_good_external_data_control(tmp_path, out, monkeypatch):
@@ -254,7 +264,7 @@ def test_good_external_data_control(tmp_path, out, monkeypatch):
         assert_ok(invoke(argv("convert", path, out) + ["-q"]))
     assert spy.opened(tmp_path / "model" / "ext.onnx.data")
     lint = invoke(["lint", path])
-    assert_ok(lint, code=lint.code if lint.code in (0, 1) else 0)    # findings or none, never an error
+    assert_ok(lint, code=lint.code if lint.code in (0, 1) else 0)  # findings or none, never an error
     assert_ok(invoke(argv("validate", path, out)))
     assert_ok(invoke(["explain", path, "fc"]))
     assert snapshot(tmp_path / "model") == before
@@ -268,16 +278,34 @@ def graph_case(case) -> onnx.ModelProto:
     x, y = tensor("x", F32, [2, 8]), tensor("y", F32, [2, 8])
     mk = helper.make_node
     if case == "cycle":
-        return model([mk("Relu", ["b"], ["a"], name="fc"), mk("Relu", ["a"], ["b"], name="second"),
-                      mk("Relu", ["a"], ["y"], name="out")], [x], [y])
+        return model(
+            [
+                mk("Relu", ["b"], ["a"], name="fc"),
+                mk("Relu", ["a"], ["b"], name="second"),
+                mk("Relu", ["a"], ["y"], name="out"),
+            ],
+            [x],
+            [y],
+        )
     if case == "cycle_in_subgraph":
-        then = helper.make_graph([mk("Relu", ["b"], ["a"], name="t1"), mk("Relu", ["a"], ["b"], name="t2"),
-                                  mk("Identity", ["a"], ["t_out"], name="t3")], "then", [],
-                                 [tensor("t_out", F32, [2, 8])])
-        other = helper.make_graph([mk("Identity", ["x"], ["e_out"], name="e1")], "else", [],
-                                  [tensor("e_out", F32, [2, 8])])
-        return model([mk("If", ["c"], ["y"], name="fc", then_branch=then, else_branch=other)],
-                     [tensor("c", TensorProto.BOOL, []), x], [y])
+        then = helper.make_graph(
+            [
+                mk("Relu", ["b"], ["a"], name="t1"),
+                mk("Relu", ["a"], ["b"], name="t2"),
+                mk("Identity", ["a"], ["t_out"], name="t3"),
+            ],
+            "then",
+            [],
+            [tensor("t_out", F32, [2, 8])],
+        )
+        other = helper.make_graph(
+            [mk("Identity", ["x"], ["e_out"], name="e1")], "else", [], [tensor("e_out", F32, [2, 8])]
+        )
+        return model(
+            [mk("If", ["c"], ["y"], name="fc", then_branch=then, else_branch=other)],
+            [tensor("c", TensorProto.BOOL, []), x],
+            [y],
+        )
     if case == "duplicate_producer":
         return model([mk("Relu", ["x"], ["y"], name="fc"), mk("Sigmoid", ["x"], ["y"], name="other")], [x], [y])
     if case == "dangling_input":
@@ -311,18 +339,25 @@ def test_broken_graph(tmp_path, out, case, command):
 @pytest.mark.parametrize("command", ["convert", "check", "explain"])
 @pytest.mark.parametrize("opset,precision", [(5, "fp16"), (12, "bf16")])
 def test_opset_too_old_for_the_target_type(tmp_path, out, opset, precision, command):
-    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], [tensor("x", F32, [2, 8])],
-              [tensor("y", F32, [2, 8])], [init("w", np.eye(8, dtype=np.float32))], opset=opset)
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")],
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("w", np.eye(8, dtype=np.float32))],
+        opset=opset,
+    )
     path = write_model(m, tmp_path / "models" / f"opset{opset}.onnx")
-    refused(tmp_path, argv(command, path, out) + ["--precision", precision], f"opset {opset}", precision,
-            path.name)
+    refused(tmp_path, argv(command, path, out) + ["--precision", precision], f"opset {opset}", precision, path.name)
 
 
 def duplicate_names_model():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="same"),
-             helper.make_node("Softmax", ["h"], ["y"], name="same")]
-    return model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-                 [init("w", np.eye(8, dtype=np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="same"),
+        helper.make_node("Softmax", ["h"], ["y"], name="same"),
+    ]
+    return model(
+        nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])], [init("w", np.eye(8, dtype=np.float32))]
+    )
 
 
 def test_duplicate_node_names_convert_and_keep_both(tmp_path, out):
@@ -359,16 +394,24 @@ def test_empty_graph_converts_and_validates(tmp_path, out):
 
 
 def scalar_model():
-    nodes = [helper.make_node("Mul", ["x", "s"], ["h"], name="mul"),
-             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["h"], name="mul"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+    ]
     return model(nodes, [tensor("x", F32, [])], [tensor("y", F32, [])], [init("s", np.array(2.0, np.float32))])
 
 
 def zero_size_model():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-             helper.make_node("Relu", ["h"], ["y"], name="relu")]
-    return model(nodes, [tensor("x", F32, [0, 8])], [tensor("y", F32, [0, 8])],
-                 [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+    ]
+    return model(
+        nodes,
+        [tensor("x", F32, [0, 8])],
+        [tensor("y", F32, [0, 8])],
+        [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
 
 
 @pytest.mark.parametrize("case", ["scalar", "zero_size"])
@@ -383,8 +426,9 @@ def test_scalar_and_empty_tensors_convert_and_validate(tmp_path, out, case):
 
 
 def huge_model(n):
-    return model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", F32, [n, n])],
-                 [tensor("y", F32, [n, n])])
+    return model(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", F32, [n, n])], [tensor("y", F32, [n, n])]
+    )
 
 
 def test_huge_declared_dims_convert(tmp_path, out):
@@ -422,20 +466,33 @@ def test_large_declared_dims_validate_in_a_real_process(tmp_path, out):
 # 4. Custom ops and domains
 # =============================================================================================
 def custom_op_model():
-    return model([helper.make_node("MatMul", ["x", "w"], ["a"], name="fc"),
-                  helper.make_node("Foo", ["a"], ["y"], name="foo", domain="my.domain")],
-                 [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])], [init("w", np.eye(8, dtype=np.float32))],
-                 extra_opsets=[("my.domain", 1)])
+    return model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"], name="fc"),
+            helper.make_node("Foo", ["a"], ["y"], name="foo", domain="my.domain"),
+        ],
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("w", np.eye(8, dtype=np.float32))],
+        extra_opsets=[("my.domain", 1)],
+    )
 
 
 def mixed_domain_model():
     ms = "com.microsoft"
-    return model([helper.make_node("MatMul", ["x", "w"], ["a"], name="fc"),
-                  helper.make_node("Gelu", ["a"], ["g"], name="gelu", domain=ms),
-                  helper.make_node("Bar", ["g"], ["b"], name="bar", domain="my.custom"),
-                  helper.make_node("Relu", ["b"], ["y"], name="relu")],
-                 [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])], [init("w", np.eye(8, dtype=np.float32))],
-                 extra_opsets=[(ms, 1), ("my.custom", 2)], value_info=[tensor("b", F32, [2, 8])])
+    return model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"], name="fc"),
+            helper.make_node("Gelu", ["a"], ["g"], name="gelu", domain=ms),
+            helper.make_node("Bar", ["g"], ["b"], name="bar", domain="my.custom"),
+            helper.make_node("Relu", ["b"], ["y"], name="relu"),
+        ],
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("w", np.eye(8, dtype=np.float32))],
+        extra_opsets=[(ms, 1), ("my.custom", 2)],
+        value_info=[tensor("b", F32, [2, 8])],
+    )
 
 
 @pytest.mark.parametrize("case", ["custom", "mixed"])
@@ -469,8 +526,13 @@ def test_unknown_custom_op_cannot_be_validated(tmp_path, out, case, command):
 
 
 def test_unused_unknown_domain_import(tmp_path, out):
-    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], [tensor("x", F32, [2, 8])],
-              [tensor("y", F32, [2, 8])], [init("w", np.eye(8, dtype=np.float32))], extra_opsets=[("org.nowhere", 3)])
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")],
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("w", np.eye(8, dtype=np.float32))],
+        extra_opsets=[("org.nowhere", 3)],
+    )
     path = write_model(m, tmp_path / "models" / "unknown_domain.onnx")
     assert_ok(invoke(["convert", path, "-o", out / "o.onnx", "-q"]))
     converted = onnx.load(str(out / "o.onnx"))
@@ -486,26 +548,38 @@ def test_unused_unknown_domain_import(tmp_path, out):
 # table, an op in two categories (same spelling) and a bad regex in the first [[nodes]] entry.
 RULE_FILES = {
     "invalid_toml": ('[ops.keep_fp32]\nMatMul = "a"\nSoftmax = \n', ("rules.toml:3", "invalid TOML")),
-    "threshold_not_a_number": ('# limits\n[thresholds]\nmax_flush_fraction = "lots"\n',
-                               ("rules.toml:3", "max_flush_fraction")),
-    "threshold_not_an_integer": ("[thresholds]\nsmall_constant_elements = 1.5\n",
-                                 ("rules.toml:2", "small_constant_elements")),
+    "threshold_not_a_number": (
+        '# limits\n[thresholds]\nmax_flush_fraction = "lots"\n',
+        ("rules.toml:3", "max_flush_fraction"),
+    ),
+    "threshold_not_an_integer": (
+        "[thresholds]\nsmall_constant_elements = 1.5\n",
+        ("rules.toml:2", "small_constant_elements"),
+    ),
     "threshold_bool": ("[thresholds]\ncalibration_headroom = true\n", ("rules.toml:2", "calibration_headroom")),
     "why_not_a_string": ("[ops.follow]\nRelu = 3\n", ("rules.toml:2", "Relu")),
     "unknown_category": ('[ops.sometimes]\nMatMul = "x"\n', ("rules.toml:1", "sometimes")),
     "bad_op_name": ('[ops.keep_fp32]\n"Mat Mul" = "x"\n', ("rules.toml:2", "Mat Mul")),
     "ops_not_tables": ('[ops]\nkeep_fp32 = "x"\n', ("rules.toml:1", "keep_fp32")),
-    "two_categories_by_domain": ('[ops.keep_fp32]\n"ai.onnx:MatMul" = "x"\n[ops.low_precision]\nMatMul = "y"\n',
-                                 ("rules.toml:4", "two categories")),
-    "bad_regex_second_entry": (('\n\n[[nodes]]\nname = "a"\nprecision = "fp32"\n\n[[nodes]]\nmatch = "(unclosed"\n'
-                                'precision = "low"\n'), ("rules.toml:7", "regex")),
+    "two_categories_by_domain": (
+        '[ops.keep_fp32]\n"ai.onnx:MatMul" = "x"\n[ops.low_precision]\nMatMul = "y"\n',
+        ("rules.toml:4", "two categories"),
+    ),
+    "bad_regex_second_entry": (
+        ('\n\n[[nodes]]\nname = "a"\nprecision = "fp32"\n\n[[nodes]]\nmatch = "(unclosed"\nprecision = "low"\n'),
+        ("rules.toml:7", "regex"),
+    ),
     "node_unknown_key": ('[[nodes]]\nmatch = "a"\nprecision = "fp32"\ncolour = "red"\n', ("rules.toml:4", "colour")),
     "node_bad_precision": ('[[nodes]]\nmatch = "fc"\nprecision = "half"\n', ("rules.toml:1", "half")),
-    "node_match_and_name": ('[[nodes]]\nmatch = "a"\nname = "b"\nprecision = "fp32"\n',
-                            ("rules.toml:1", "exactly one")),
+    "node_match_and_name": (
+        '[[nodes]]\nmatch = "a"\nname = "b"\nprecision = "fp32"\n',
+        ("rules.toml:1", "exactly one"),
+    ),
     "node_match_not_a_string": ('[[nodes]]\nmatch = 5\nprecision = "fp32"\n', ("rules.toml:1", "match")),
-    "node_op_types_not_a_list": ('[[nodes]]\nmatch = "a"\nprecision = "fp32"\nop_types = "MatMul"\n',
-                                 ("rules.toml:1", "op_types")),
+    "node_op_types_not_a_list": (
+        '[[nodes]]\nmatch = "a"\nprecision = "fp32"\nop_types = "MatMul"\n',
+        ("rules.toml:1", "op_types"),
+    ),
     "nodes_not_an_array": ('nodes = "x"\n', ("rules.toml:1", "nodes")),
     "settings_not_a_table": ("settings = 3\n", ("rules.toml:1", "settings")),
     "unknown_op_category": ('[settings]\nunknown_op = "maybe"\n', ("rules.toml:2", "maybe")),
@@ -566,10 +640,12 @@ CONFIGS = {
     "list_is_text": ("autocast-onnx.toml", 'select = "AC1"\n', ("autocast-onnx.toml", "select")),
     "bad_fail_on": ("autocast-onnx.toml", 'fail-on = "fatal"\n', ("autocast-onnx.toml", "fatal")),
     "invalid_toml": ("autocast-onnx.toml", "atol = \n", ("autocast-onnx.toml", "invalid TOML")),
-    "suppression_bad_regex": ("autocast-onnx.toml", 'suppress = [{ code = "AC101", node = "(" }]\n',
-                              ("autocast-onnx.toml", "regex")),
-    "suppression_wrong_type": ("autocast-onnx.toml", "suppress = [{ code = 5 }]\n",
-                               ("autocast-onnx.toml", "suppress")),
+    "suppression_bad_regex": (
+        "autocast-onnx.toml",
+        'suppress = [{ code = "AC101", node = "(" }]\n',
+        ("autocast-onnx.toml", "regex"),
+    ),
+    "suppression_wrong_type": ("autocast-onnx.toml", "suppress = [{ code = 5 }]\n", ("autocast-onnx.toml", "suppress")),
     "pyproject_wrong_type": ("pyproject.toml", "[tool.autocast-onnx]\nselect = [1]\n", ("pyproject.toml", "select")),
     "pyproject_not_a_table": ("pyproject.toml", "[tool]\nautocast-onnx = 3\n", ("pyproject.toml", "table")),
     "rules_file_missing": ("autocast-onnx.toml", 'rules = ["nope.toml"]\n', ("nope.toml", "not found")),
@@ -643,7 +719,7 @@ def output_spelling(spelling, folder, path):
         hard = folder / "hard.onnx"
         os.link(path, hard)
         return path, hard
-    if spelling == "dotdot":         # ./<...>/dir/../m.onnx, relative to the current folder
+    if spelling == "dotdot":  # ./<...>/dir/../m.onnx, relative to the current folder
         (folder / "dir").mkdir()
         return path, "./" + os.path.relpath(folder / "dir") + "/../" + path.name
     if spelling == "relative":
@@ -668,8 +744,16 @@ REPORT_OVER_INPUT = {
     "check --report-html": lambda m, c: ["check", m, "--no-speed", "--report-html", m],
     "check --sarif": lambda m, c: ["check", m, "--no-speed", "--sarif", m],
     "convert --plan-out": lambda m, c: ["convert", m, "-o", m.with_name("o.onnx"), "--plan-out", m],
-    "convert --validate --report-json": lambda m, c: ["convert", m, "-o", m.with_name("o.onnx"), "--validate",
-                                                      "--no-speed", "--report-json", m],
+    "convert --validate --report-json": lambda m, c: [
+        "convert",
+        m,
+        "-o",
+        m.with_name("o.onnx"),
+        "--validate",
+        "--no-speed",
+        "--report-json",
+        m,
+    ],
 }
 
 
@@ -732,9 +816,15 @@ def _is_data_tmp(name):
 
 # (where the disk fills up, --external-data?)
 DISK_FULL = [
-    ("write model", False), ("fsync model", False), ("rename model", False),
-    ("write data", True), ("fsync data", True), ("rename data", True),
-    ("write model", True), ("fsync model", True), ("rename model", True),
+    ("write model", False),
+    ("fsync model", False),
+    ("rename model", False),
+    ("write data", True),
+    ("fsync data", True),
+    ("rename data", True),
+    ("write model", True),
+    ("fsync model", True),
+    ("rename model", True),
 ]
 
 
@@ -760,16 +850,18 @@ def test_disk_full_writing_the_plan(tmp_path, out, monkeypatch):
     """The plan is the last file convert writes: when it fails, the command fails and leaves
     no converted model behind (all or nothing)."""
     path = good_model(tmp_path)
-    B.fail_nth(monkeypatch, os, "replace", 2)   # 1: the model, 2: the plan
+    B.fail_nth(monkeypatch, os, "replace", 2)  # 1: the model, 2: the plan
     refused(tmp_path, argv("convert", path, out), "No space left")
 
 
 @pytest.mark.parametrize("command", ["lint", "validate", "check"])
 def test_disk_full_writing_a_report(tmp_path, out, monkeypatch, command):
     path = good_model(tmp_path)
-    args = {"lint": ["lint", path, "-o", out / "lint.txt"],
-            "validate": ["validate", path, path, "--no-speed", "--report-json", out / "r.json"],
-            "check": ["check", path, "--no-speed", "--report-json", out / "r.json"]}[command]
+    args = {
+        "lint": ["lint", path, "-o", out / "lint.txt"],
+        "validate": ["validate", path, path, "--no-speed", "--report-json", out / "r.json"],
+        "check": ["check", path, "--no-speed", "--report-json", out / "r.json"],
+    }[command]
     B.fail_nth(monkeypatch, os, "replace", 1)
     refused(tmp_path, args, "No space left")
 
@@ -779,10 +871,26 @@ def test_disk_full_writing_a_report(tmp_path, out, monkeypatch, command):
 # =============================================================================================
 MISSING_FOLDER = {
     "convert --plan-out": lambda m, d: ["convert", m, "-o", d.parent / "out" / "o.onnx", "--plan-out", d / "p.json"],
-    "convert --validate --report-json": lambda m, d: ["convert", m, "-o", d.parent / "out" / "o.onnx", "--validate",
-                                                      "--no-speed", "--report-json", d / "r.json"],
-    "convert --validate --report-html": lambda m, d: ["convert", m, "-o", d.parent / "out" / "o.onnx", "--validate",
-                                                      "--no-speed", "--report-html", d / "r.html"],
+    "convert --validate --report-json": lambda m, d: [
+        "convert",
+        m,
+        "-o",
+        d.parent / "out" / "o.onnx",
+        "--validate",
+        "--no-speed",
+        "--report-json",
+        d / "r.json",
+    ],
+    "convert --validate --report-html": lambda m, d: [
+        "convert",
+        m,
+        "-o",
+        d.parent / "out" / "o.onnx",
+        "--validate",
+        "--no-speed",
+        "--report-html",
+        d / "r.html",
+    ],
     "lint -o": lambda m, d: ["lint", m, "-o", d / "lint.txt"],
     "validate --report-json": lambda m, d: ["validate", m, m, "--no-speed", "--report-json", d / "r.json"],
     "validate --report-html": lambda m, d: ["validate", m, m, "--no-speed", "--report-html", d / "r.html"],
@@ -823,9 +931,11 @@ def test_real_process_bad_rule_file(tmp_path, out):
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("args", [["validate", "{m}"], ["explain", "{m}"], ["convrt", "{m}"],
-                                  ["convert", "{m}", "--check", "most"]],
-                         ids=["validate missing CONVERTED", "explain missing NODE", "unknown command", "bad choice"])
+@pytest.mark.parametrize(
+    "args",
+    [["validate", "{m}"], ["explain", "{m}"], ["convrt", "{m}"], ["convert", "{m}", "--check", "most"]],
+    ids=["validate missing CONVERTED", "explain missing NODE", "unknown command", "bad choice"],
+)
 def test_real_process_usage_errors(tmp_path, args):
     model_path = good_model(tmp_path)
     before = snapshot(tmp_path)

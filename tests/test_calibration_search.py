@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from helpers import F32, init, model, precision, tensor
 from onnx import helper
 
 import autocast_onnx
@@ -13,7 +14,6 @@ from autocast_onnx import AutocastError
 from autocast_onnx.validate import calibrate as calib
 from autocast_onnx.validate.calibrate import calibrate
 from autocast_onnx.validate.search import parse_target, search
-from helpers import F32, init, model, precision, tensor
 
 RNG = np.random.default_rng(0)
 
@@ -23,13 +23,19 @@ def big_mlp():
     w1 = RNG.standard_normal((16, 16)).astype(np.float32) * 0.3
     w2 = RNG.standard_normal((16, 16)).astype(np.float32) * 2000
     w3 = RNG.standard_normal((16, 16)).astype(np.float32) * 1e-4
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
-             helper.make_node("Relu", ["h1"], ["a1"], name="act1"),
-             helper.make_node("MatMul", ["a1", "w2"], ["h2"], name="fc2_big"),
-             helper.make_node("Relu", ["h2"], ["a2"], name="act2"),
-             helper.make_node("MatMul", ["a2", "w3"], ["y"], name="fc3")]
-    return model(nodes, [tensor("x", F32, ["batch", 16])], [tensor("y", F32, ["batch", 16])],
-                 [init("w1", w1), init("w2", w2), init("w3", w3)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["a1"], name="act1"),
+        helper.make_node("MatMul", ["a1", "w2"], ["h2"], name="fc2_big"),
+        helper.make_node("Relu", ["h2"], ["a2"], name="act2"),
+        helper.make_node("MatMul", ["a2", "w3"], ["y"], name="fc3"),
+    ]
+    return model(
+        nodes,
+        [tensor("x", F32, ["batch", 16])],
+        [tensor("y", F32, ["batch", 16])],
+        [init("w1", w1), init("w2", w2), init("w3", w3)],
+    )
 
 
 def batches(n=2, scale=10.0):
@@ -37,7 +43,7 @@ def batches(n=2, scale=10.0):
 
 
 def test_calibration_records_ranges_in_groups(monkeypatch):
-    monkeypatch.setattr(calib, "GROUP", 2)   # several probe sessions: streaming in groups
+    monkeypatch.setattr(calib, "GROUP", 2)  # several probe sessions: streaming in groups
     data = batches()
     ranges = calibrate(big_mlp(), data)
     assert set(ranges) == {"x", "h1", "a1", "h2", "a2", "y"}
@@ -54,14 +60,14 @@ def test_calibration_keeps_out_of_range_nodes_fp32_with_measured_value():
     r = autocast_onnx.convert(m, calibration=ranges, check="full")
     assert precision(r, "fc1") == "fp16"
     assert precision(r, "fc2_big") == "fp32" and precision(r, "act2") == "fp32" and precision(r, "fc3") == "fp32"
-    reason = [x for x in r.plan.by_name("fc2_big")[0].reasons if x.code == "calibration"][0]
+    reason = next(x for x in r.plan.by_name("fc2_big")[0].reasons if x.code == "calibration")
     assert reason.value == pytest.approx(ranges["h2"].max_abs)
     assert "h2" in reason.message
 
 
 def test_calibration_headroom_is_a_rule_threshold(tmp_path):
     m = big_mlp()
-    ranges = calibrate(m, batches(scale=0.5))   # small inputs: ~1e4 activations
+    ranges = calibrate(m, batches(scale=0.5))  # small inputs: ~1e4 activations
     strict = tmp_path / "strict.toml"
     strict.write_text("[thresholds]\ncalibration_headroom = 1000.0\n")
     loose = autocast_onnx.convert(m, calibration=ranges)
@@ -110,10 +116,16 @@ def test_cli_calibration_and_target(tmp_path):
     base = [sys.executable, "-m", "autocast_onnx", "convert", str(src), "--no-speed", "--inputs", str(data)]
     plain = subprocess.run(base + ["-o", str(tmp_path / "a.onnx"), "--validate"], capture_output=True, text=True)
     assert plain.returncode == 1 and "FAIL" in plain.stdout
-    cal = subprocess.run(base + ["-o", str(tmp_path / "b.onnx"), "--validate", "--calibration-data", str(data)],
-                         capture_output=True, text=True)
+    cal = subprocess.run(
+        base + ["-o", str(tmp_path / "b.onnx"), "--validate", "--calibration-data", str(data)],
+        capture_output=True,
+        text=True,
+    )
     assert cal.returncode == 0, cal.stdout + cal.stderr
-    tgt = subprocess.run(base + ["-o", str(tmp_path / "c.onnx"), "--validate", "--target", "cosine=0.9999"],
-                         capture_output=True, text=True)
+    tgt = subprocess.run(
+        base + ["-o", str(tmp_path / "c.onnx"), "--validate", "--target", "cosine=0.9999"],
+        capture_output=True,
+        text=True,
+    )
     assert tgt.returncode == 0, tgt.stdout + tgt.stderr
     assert "kept fp32: fc" in tgt.stdout

@@ -25,35 +25,79 @@ def reference_rows():
 def test_default_profile_covers_every_reference_op_once():
     rules = load_rules()
     rows = reference_rows()
-    missing = [(r["domain"], r["onnx_op"]) for r in rows
-               if rules.op_rule("" if r["domain"] == "ai.onnx" else r["domain"], r["onnx_op"]) is None]
+    missing = [
+        (r["domain"], r["onnx_op"])
+        for r in rows
+        if rules.op_rule("" if r["domain"] == "ai.onnx" else r["domain"], r["onnx_op"]) is None
+    ]
     assert not missing
     # "exactly one category" is enforced by the loader (an op in two categories is an error), so
     # loading the default without error plus full coverage proves it.
     assert len(rules.ops) >= len(rows)
 
 
-@pytest.mark.parametrize("op,category", [
-    ("MatMul", "low_precision"), ("Gemm", "low_precision"), ("Conv", "low_precision"),
-    ("ConvTranspose", "low_precision"), ("Einsum", "low_precision"), ("LSTM", "low_precision"),
-    ("GRU", "low_precision"), ("RNN", "low_precision"), ("Attention", "low_precision"),
-    ("Add", "follow"), ("Mul", "follow"), ("Relu", "follow"), ("Gelu", "follow"),
-    ("Softmax", "keep_fp32"), ("LogSoftmax", "keep_fp32"), ("LayerNormalization", "keep_fp32"),
-    ("BatchNormalization", "keep_fp32"), ("InstanceNormalization", "keep_fp32"),
-    ("GroupNormalization", "keep_fp32"), ("RMSNormalization", "keep_fp32"),
-    ("SimplifiedLayerNormalization", "keep_fp32"), ("ReduceMean", "keep_fp32"), ("ReduceSum", "keep_fp32"),
-    ("ReduceMax", "keep_fp32"), ("ReduceMin", "keep_fp32"), ("ReduceL2", "keep_fp32"),
-    ("ReduceLogSumExp", "keep_fp32"), ("Exp", "keep_fp32"), ("Log", "keep_fp32"), ("Pow", "keep_fp32"),
-    ("Sqrt", "keep_fp32"), ("Reciprocal", "keep_fp32"), ("CumSum", "keep_fp32"),
-    ("SoftmaxCrossEntropyLoss", "keep_fp32"), ("NegativeLogLikelihoodLoss", "keep_fp32"),
-    ("RandomNormal", "keep_fp32"), ("RandomUniformLike", "keep_fp32"), ("Multinomial", "keep_fp32"),
-    ("Reshape", "clear"), ("Transpose", "clear"), ("Gather", "clear"), ("Slice", "clear"), ("Concat", "clear"),
-    ("Split", "clear"), ("Squeeze", "clear"), ("Unsqueeze", "clear"), ("Identity", "clear"),
-    ("Flatten", "clear"), ("Expand", "clear"), ("Pad", "clear"),
-    ("And", "non_float"), ("BitShift", "non_float"), ("MatMulInteger", "non_float"),
-    ("com.microsoft:SkipLayerNormalization", "keep_fp32"), ("com.microsoft:Attention", "low_precision"),
-    ("com.microsoft:FusedMatMul", "low_precision"), ("com.microsoft:BiasGelu", "follow"),
-])
+@pytest.mark.parametrize(
+    "op,category",
+    [
+        ("MatMul", "low_precision"),
+        ("Gemm", "low_precision"),
+        ("Conv", "low_precision"),
+        ("ConvTranspose", "low_precision"),
+        ("Einsum", "low_precision"),
+        ("LSTM", "low_precision"),
+        ("GRU", "low_precision"),
+        ("RNN", "low_precision"),
+        ("Attention", "low_precision"),
+        ("Add", "follow"),
+        ("Mul", "follow"),
+        ("Relu", "follow"),
+        ("Gelu", "follow"),
+        ("Softmax", "keep_fp32"),
+        ("LogSoftmax", "keep_fp32"),
+        ("LayerNormalization", "keep_fp32"),
+        ("BatchNormalization", "keep_fp32"),
+        ("InstanceNormalization", "keep_fp32"),
+        ("GroupNormalization", "keep_fp32"),
+        ("RMSNormalization", "keep_fp32"),
+        ("SimplifiedLayerNormalization", "keep_fp32"),
+        ("ReduceMean", "keep_fp32"),
+        ("ReduceSum", "keep_fp32"),
+        ("ReduceMax", "keep_fp32"),
+        ("ReduceMin", "keep_fp32"),
+        ("ReduceL2", "keep_fp32"),
+        ("ReduceLogSumExp", "keep_fp32"),
+        ("Exp", "keep_fp32"),
+        ("Log", "keep_fp32"),
+        ("Pow", "keep_fp32"),
+        ("Sqrt", "keep_fp32"),
+        ("Reciprocal", "keep_fp32"),
+        ("CumSum", "keep_fp32"),
+        ("SoftmaxCrossEntropyLoss", "keep_fp32"),
+        ("NegativeLogLikelihoodLoss", "keep_fp32"),
+        ("RandomNormal", "keep_fp32"),
+        ("RandomUniformLike", "keep_fp32"),
+        ("Multinomial", "keep_fp32"),
+        ("Reshape", "clear"),
+        ("Transpose", "clear"),
+        ("Gather", "clear"),
+        ("Slice", "clear"),
+        ("Concat", "clear"),
+        ("Split", "clear"),
+        ("Squeeze", "clear"),
+        ("Unsqueeze", "clear"),
+        ("Identity", "clear"),
+        ("Flatten", "clear"),
+        ("Expand", "clear"),
+        ("Pad", "clear"),
+        ("And", "non_float"),
+        ("BitShift", "non_float"),
+        ("MatMulInteger", "non_float"),
+        ("com.microsoft:SkipLayerNormalization", "keep_fp32"),
+        ("com.microsoft:Attention", "low_precision"),
+        ("com.microsoft:FusedMatMul", "low_precision"),
+        ("com.microsoft:BiasGelu", "follow"),
+    ],
+)
 def test_default_categories(op, category):
     domain, _, name = op.rpartition(":")
     assert load_rules().op_rule(domain, name).category == category
@@ -116,11 +160,11 @@ BAD = [
     ('[opz.follow]\nAdd = "x"\n', 1, "unknown table or key 'opz'"),
     ('[ops.follow]\nAdd = "x"\n[ops.keep_fp32]\nAdd = "y"\n', 4, "op 'Add' is in two categories"),
     ('[ops.fast]\nAdd = "x"\n', 1, "unknown category"),
-    ('[ops.follow]\nAdd = 3\n', 2, "must map to a string"),
+    ("[ops.follow]\nAdd = 3\n", 2, "must map to a string"),
     ('[ops.follow]\n"bad op!" = "x"\n', 2, "is not an op name"),
     ('[settings]\nunknown_op = "fp8"\n', 2, "settings.unknown_op must be one of"),
     ('[settings]\ncolour = "red"\n', 2, "unknown key 'settings.colour'"),
-    ('[thresholds]\nmax_flush_fraction = 2.0\n', 2, "threshold 'max_flush_fraction'"),
+    ("[thresholds]\nmax_flush_fraction = 2.0\n", 2, "threshold 'max_flush_fraction'"),
     ('[thresholds]\nsmall_constant_elements = "many"\n', 2, "threshold 'small_constant_elements'"),
     ('\n[[nodes]]\nmatch = "([a-z"\nprecision = "fp32"\n', 2, "bad regex"),
     ('[[nodes]]\nmatch = "x"\nprecision = "fast"\n', 1, "precision must be"),
@@ -148,4 +192,4 @@ def test_missing_rule_file(tmp_path):
 def test_every_default_entry_has_a_reason():
     rules = load_rules()
     assert all(rule.why.strip() for rule in rules.ops.values())
-    assert set(r.category for r in rules.ops.values()) == set(CATEGORIES)
+    assert {r.category for r in rules.ops.values()} == set(CATEGORIES)

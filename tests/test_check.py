@@ -43,8 +43,13 @@ def invoke(*args):
 
 def cli_proc(*args, cwd):
     env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]], cwd=cwd,
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 def check(*args, report=None):
@@ -66,6 +71,7 @@ def assert_one_error_line(stderr: str, *fragments) -> None:
 
 # ---- schema -----------------------------------------------------------------------------------------
 
+
 def load_schema(name):
     return json.loads((DOCS / name).read_text(encoding="utf-8"))
 
@@ -80,7 +86,8 @@ def validator(check_schema):
     """The check schema with its relative references to the lint and validate schemas resolved."""
     registry = Registry().with_resources(
         (name, Resource.from_contents(load_schema(name), default_specification=DRAFT202012))
-        for name in ("lint-report.schema.json", "validate-report.schema.json"))
+        for name in ("lint-report.schema.json", "validate-report.schema.json")
+    )
     return jsonschema.Draft202012Validator(check_schema, registry=registry)
 
 
@@ -127,8 +134,14 @@ def test_check_passes_on_an_example_model(passing_report, validator, check_schem
     assert text.rstrip().endswith("result: PASS")
     validator.validate(report)
     assert set(report) == set(check_schema["properties"])
-    assert report["gate"] == {"baseline": False, "blocking_findings": 0, "failed_outputs": [], "new_findings": [],
-                              "regressions": [], "passed": True}
+    assert report["gate"] == {
+        "baseline": False,
+        "blocking_findings": 0,
+        "failed_outputs": [],
+        "new_findings": [],
+        "regressions": [],
+        "passed": True,
+    }
     assert report["converted"] is None and report["config"] is None and report["fail_on"] == "error"
     assert report["lint_original"]["models"][0]["mode"] == "prospective"
     assert report["lint_converted"]["models"][0]["mode"] == "actual"
@@ -150,6 +163,7 @@ def _mutations():
             for key in path[:-1]:
                 node = node[key]
             node[path[-1]] = value
+
         return mutate
 
     return {
@@ -174,6 +188,7 @@ def test_broken_check_reports_do_not_validate(what, passing_report, validator):
 
 # ---- thresholds from the configuration -------------------------------------------------------------
 
+
 def test_a_threshold_from_the_configuration_fails_the_gate(tmp_path, validator):
     config = tmp_path / "autocast-onnx.toml"
     config.write_text("atol = 1e-9\n")
@@ -195,6 +210,7 @@ def test_a_threshold_from_the_configuration_fails_the_gate(tmp_path, validator):
 
 # ---- baselines -----------------------------------------------------------------------------------
 
+
 def test_a_baseline_of_the_same_model_passes(passing_report, validator, tmp_path):
     baseline = passing_report[3]
     code, text, report = check(RESNET, *FAST, "--baseline", baseline, report=tmp_path / "again.json")
@@ -207,8 +223,9 @@ def test_a_baseline_of_the_same_model_passes(passing_report, validator, tmp_path
 def test_a_threshold_that_passed_in_the_baseline_and_fails_now_is_a_regression(passing_report, tmp_path, validator):
     strict = tmp_path / "strict.toml"
     strict.write_text("atol = 1e-9\n")
-    code, text, report = check(RESNET, *FAST, "--config", strict, "--baseline", passing_report[3],
-                               report=tmp_path / "now.json")
+    code, text, report = check(
+        RESNET, *FAST, "--config", strict, "--baseline", passing_report[3], report=tmp_path / "now.json"
+    )
     assert code == 1, text
     assert "  regression: logits" in text
     assert text.rstrip().endswith("result: FAIL (against the baseline)")
@@ -269,6 +286,7 @@ def test_bad_baseline_exits_2_with_one_line(tmp_path):
 
 # ---- options -------------------------------------------------------------------------------------
 
+
 def test_no_validate_skips_validation(tmp_path, validator):
     code, text, report = check(RESNET, "--no-validate", report=tmp_path / "r.json")
     assert code == 0, text
@@ -301,6 +319,7 @@ def test_fail_on_from_the_configuration(tmp_path):
 
 
 # ---- SARIF -------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sarif_validator():

@@ -25,6 +25,7 @@ OUTPUT_OPTIONS = ("--sarif", "--report-json", "--report-html", "-o", "--output")
 
 # ---- tiny parsers ---------------------------------------------------------------------------
 
+
 def _scalar(text: str):
     """A YAML scalar or flow list as these files write them: plain, 'single' or "double"
     quoted, true/false, or [a, b]."""
@@ -111,6 +112,7 @@ def test_parser_reads_flow_lists_quotes_and_comments():
 
 # ---- the GitHub Actions example -------------------------------------------------------------
 
+
 def check_command() -> list[str]:
     text = WORKFLOW.read_text(encoding="utf-8")
     lines = [r for r in workflow_run_lines(text) if "autocast-onnx check" in r]
@@ -147,8 +149,9 @@ def test_workflow_check_command_passes_on_the_example_model(tmp_path):
             written[option] = tmp_path / Path(args[k + 1]).name
             args[k + 1] = str(written[option])
     assert set(written) >= {"--sarif", "--report-json"}
-    proc = subprocess.run([sys.executable, "-m", "autocast_onnx", "check", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", "check", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "result: PASS" in proc.stdout
     sarif = json.loads(written["--sarif"].read_text())
@@ -160,6 +163,7 @@ def test_workflow_check_command_passes_on_the_example_model(tmp_path):
 
 
 # ---- the pre-commit hooks -------------------------------------------------------------------
+
 
 def hooks() -> dict:
     parsed = parse_hooks(HOOKS.read_text(encoding="utf-8"))
@@ -201,8 +205,11 @@ def run_hook(hook: dict, files) -> subprocess.CompletedProcess:
 def test_lint_hook_passes_on_the_example_models():
     lint = hooks()["autocast-onnx-lint"]
     regex = re.compile(lint["files"])
-    files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "examples" / "models").iterdir()
-                   if p.is_file() and regex.search(p.relative_to(ROOT).as_posix()))
+    files = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "examples" / "models").iterdir()
+        if p.is_file() and regex.search(p.relative_to(ROOT).as_posix())
+    )
     assert files == sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "examples" / "models").glob("*.onnx"))
     assert len(files) >= 5
     proc = run_hook(lint, files)
@@ -215,9 +222,12 @@ def test_lint_hook_passes_on_the_example_models():
 
 def fp16_softmax_model(path: Path) -> Path:
     node = helper.make_node("Softmax", ["scores"], ["probs"], name="attention/Softmax", axis=-1)
-    graph = helper.make_graph([node], "fp16_softmax",
-                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT16, [2, 8])],
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT16, [2, 8])])
+    graph = helper.make_graph(
+        [node],
+        "fp16_softmax",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT16, [2, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT16, [2, 8])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     onnx.save(model, path)

@@ -8,11 +8,10 @@ and warnings, and what the converted graph does with the tensors involved."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 import case_helpers as C
 import helpers as H
+import numpy as np
+import pytest
 from helpers import BF16, F16, F32, convert, convert_and_check, mlp, parse, planned, randn
 
 
@@ -28,12 +27,16 @@ def test_exclude_op_and_exclude_node():
 
 
 def test_include_node_forces_keep_op_low():
-    m = parse("""
+    m = parse(
+        """
         softmax_between (float[2,8] x) => (float[2,8] y) {
             [fc1] h = MatMul(x, w1)
             [softmax] p = Softmax(h)
             [fc2] y = MatMul(p, w2)
-        }""", w1=randn([8, 8], 10, 0.3), w2=randn([8, 8], 11, 0.3))
+        }""",
+        w1=randn([8, 8], 10, 0.3),
+        w2=randn([8, 8], 11, 0.3),
+    )
     r = convert(m, include_nodes=["^softmax$"])
     assert planned(r, "softmax") == "fp16"
     assert r.stats.casts_added == 2
@@ -42,14 +45,16 @@ def test_include_node_forces_keep_op_low():
 
 def test_precedence_cli_over_node_rules_over_categories(tmp_path):
     rules = tmp_path / "r.toml"
-    rules.write_text('[ops.keep_fp32]\nRelu = "testing"\n'
-                     '[[nodes]]\nmatch = "^enc/"\nprecision = "fp32"\nwhy = "encoder stays fp32"\n'
-                     '[[nodes]]\nname = "enc/act"\nprecision = "low"\n')
+    rules.write_text(
+        '[ops.keep_fp32]\nRelu = "testing"\n'
+        '[[nodes]]\nmatch = "^enc/"\nprecision = "fp32"\nwhy = "encoder stays fp32"\n'
+        '[[nodes]]\nname = "enc/act"\nprecision = "low"\n'
+    )
     r = convert(mlp(), rules=[rules])
     # op rule says keep_fp32, the later node rule for enc/act forces low; enc/fc1 forced fp32.
     assert planned(r, "enc/act") == "fp16"
     assert planned(r, "enc/fc1") == "fp32"
-    reason = [x for x in r.plan.by_name("enc/fc1")[0].reasons if x.code == "node-rule"][0]
+    reason = next(x for x in r.plan.by_name("enc/fc1")[0].reasons if x.code == "node-rule")
     assert reason.source == f"{rules}:3"
     # command line beats rule files; an exclude beats an include
     r = convert(mlp(), rules=[rules], include_nodes=["fc1"])
@@ -69,11 +74,15 @@ def test_node_rule_limited_to_op_types(tmp_path):
 # 2. Op categories: unknown ops, contrib ops, schema limits of the target type
 # =========================================================================================
 def test_unknown_op_category_can_be_changed_by_user(tmp_path):
-    m = parse("""
+    m = parse(
+        """
         custom (float[2,8] x) => (float[2,8] y) {
             [fc] h = MatMul(x, w)
             [custom] y = my.ops.Foo(h)
-        }""", domains={"my.ops": 1}, w=randn([8, 8], 12, 0.3))
+        }""",
+        domains={"my.ops": 1},
+        w=randn([8, 8], 12, 0.3),
+    )
     r = convert(m, check="none")
     assert planned(r, "custom") == "fp32"
     assert any(x.code == "unknown-op" for x in r.plan.warnings)
@@ -117,15 +126,21 @@ def test_unknown_custom_op(precision, declare_type):
 def test_contrib_ops_without_value_info(precision, keep_io):
     """com.microsoft ops have no ONNX type inference; their types come from the shipped ONNX
     Runtime signatures and their categories from the default rules."""
-    m = parse("""
+    m = parse(
+        """
         contrib (float[2,4] x) => (float[2,4] y) {
             [mm1] a = MatMul(x, W1)
             [bias_gelu] g = com.microsoft.BiasGelu(a, bias)
             [fused_mm] f = com.microsoft.FusedMatMul <alpha = 0.5, transB = 1> (g, W2)
             [gelu] g2 = com.microsoft.Gelu(f)
             [mm_out] y = MatMul(g2, W3)
-        }""", domains={"com.microsoft": 1},
-        W1=randn([4, 4], 80), bias=randn([4], 81), W2=randn([4, 4], 82), W3=randn([4, 4], 83))
+        }""",
+        domains={"com.microsoft": 1},
+        W1=randn([4, 4], 80),
+        bias=randn([4], 81),
+        W2=randn([4, 4], 82),
+        W3=randn([4, 4], 83),
+    )
     assert not m.graph.value_info
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
@@ -175,14 +190,20 @@ def test_dtype_attr_ops_whose_schema_lacks_bf16(keep_io):
 def test_resize_scales_and_roi_stay_float(precision, opset, keep_io):
     roi = np.array([0, 0, 0.1, 0.1, 1, 1, 0.9, 0.9], np.float32)
     scales = np.array([1, 1, 2, 2], np.float32)
-    m = parse("""
+    m = parse(
+        """
         upsample (float[1,2,4,4] x) => (float[1,2,8,8] y) {
             [conv1] c1 = Conv <pads = [1, 1, 1, 1]> (x, Wc1)
             [upsample] r = Resize <mode = "linear", coordinate_transformation_mode = "tf_crop_and_resize">
                                   (c1, roi, scales)
             [conv2] y = Conv <pads = [1, 1, 1, 1]> (r, Wc2)
-        }""", opset=opset,
-        Wc1=randn([2, 2, 3, 3], 50, 0.3), roi=roi, scales=scales, Wc2=randn([2, 2, 3, 3], 51, 0.3))
+        }""",
+        opset=opset,
+        Wc1=randn([2, 2, 3, 3], 50, 0.3),
+        roi=roi,
+        scales=scales,
+        Wc2=randn([2, 2, 3, 3], 51, 0.3),
+    )
     H.check(m)
     target = C.TARGET[precision]
     result, out = convert_and_check(m, precision=precision, keep_io_types=keep_io)
@@ -207,22 +228,32 @@ def test_resize_scales_and_roi_stay_float(precision, opset, keep_io):
 def attention_mask_model():
     mask = np.zeros([2, 4], np.float32)
     mask[:, 3] = -1e9
-    return parse("""
+    return parse(
+        """
         masked_attention (float[2,4] x) => (float[2,4] y) {
             [attn_scores] s = MatMul(x, Wk)
             [mask_add] masked = Add(s, mask)
             [attn_softmax] p = Softmax <axis = -1> (masked)
             [attn_out] y = MatMul(p, Wv)
-        }""", Wk=randn([4, 4], 110), mask=mask, Wv=randn([4, 4], 111))
+        }""",
+        Wk=randn([4, 4], 110),
+        mask=mask,
+        Wv=randn([4, 4], 111),
+    )
 
 
 def epsilon_model():
-    return parse("""
+    return parse(
+        """
         epsilon (float[2,4] x) => (float[2,4] y) {
             [mm1] a = MatMul(x, W1)
             [eps_add] b = Add(a, eps)
             [mm2] y = MatMul(b, W2)
-        }""", W1=randn([4, 4], 113), eps=np.array([1e-12], np.float32), W2=randn([4, 4], 114))
+        }""",
+        W1=randn([4, 4], 113),
+        eps=np.array([1e-12], np.float32),
+        W2=randn([4, 4], 114),
+    )
 
 
 def test_attention_mask_out_of_range_stays_fp32(precision):

@@ -13,10 +13,10 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import F32, init, model, run, tensor
 from onnx import helper
 
 from autocast_onnx.cli.main import cli
-from helpers import F32, init, model, run, tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 BERT = ROOT / "examples" / "models" / "bert_tiny.onnx"
@@ -57,10 +57,16 @@ def test_readme_test_command_is_what_ci_runs():
 
 
 def small(tmp_path, name="m.onnx"):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
-             helper.make_node("Softmax", ["h"], ["y"], name="softmax")]
-    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("Softmax", ["h"], ["y"], name="softmax"),
+    ]
+    m = model(
+        nodes,
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
     path = tmp_path / name
     onnx.save(m, path)
     return path
@@ -95,7 +101,7 @@ def test_plan_out_and_excludes(tmp_path):
 
 
 def error_line(proc):
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("autocast-onnx: error: ")
     assert "Traceback" not in proc.stderr
@@ -103,8 +109,9 @@ def error_line(proc):
 
 
 def cli_proc(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "autocast_onnx", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def test_output_equal_to_input_is_refused(tmp_path):
@@ -166,12 +173,20 @@ def test_unknown_option_is_a_usage_error(tmp_path):
 
 def external_model(tmp_path):
     rng = np.random.default_rng(1)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-             helper.make_node("Relu", ["h"], ["a"], name="act"),
-             helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2")]
-    m = model(nodes, [tensor("x", F32, [2, 64])], [tensor("y", F32, [2, 64])],
-              [init("w1", rng.standard_normal((64, 64)).astype(np.float32) * 0.1),
-               init("w2", rng.standard_normal((64, 64)).astype(np.float32) * 0.1)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["a"], name="act"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2"),
+    ]
+    m = model(
+        nodes,
+        [tensor("x", F32, [2, 64])],
+        [tensor("y", F32, [2, 64])],
+        [
+            init("w1", rng.standard_normal((64, 64)).astype(np.float32) * 0.1),
+            init("w2", rng.standard_normal((64, 64)).astype(np.float32) * 0.1),
+        ],
+    )
     src = tmp_path / "src"
     src.mkdir()
     stored = onnx.ModelProto()
@@ -188,7 +203,7 @@ def test_external_data_round_trip(tmp_path):
     result = invoke("convert", path, "-o", out, "--check", "full")
     assert result.exit_code == 0, result.output
     assert (out.parent / "ext.fp16.onnx.data").is_file()
-    loaded = onnx.load(out)        # loads the external data from beside the output
+    loaded = onnx.load(out)  # loads the external data from beside the output
     assert all(t.data_location == onnx.TensorProto.DEFAULT for t in loaded.graph.initializer)
     x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
     np.testing.assert_allclose(run(loaded, {"x": x})[0], run(original, {"x": x})[0], atol=5e-3)
@@ -217,9 +232,11 @@ def test_external_data_outside_model_folder_is_refused(tmp_path):
 
 
 def test_cycle_is_reported(tmp_path):
-    nodes = [helper.make_node("Relu", ["b"], ["a"], name="first"),
-             helper.make_node("Relu", ["a"], ["b"], name="second"),
-             helper.make_node("Relu", ["a"], ["y"], name="out")]
+    nodes = [
+        helper.make_node("Relu", ["b"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="second"),
+        helper.make_node("Relu", ["a"], ["y"], name="out"),
+    ]
     m = model(nodes, [tensor("x", F32, [2])], [tensor("y", F32, [2])])
     path = tmp_path / "cycle.onnx"
     path.write_bytes(m.SerializeToString())
@@ -237,10 +254,11 @@ def test_dangling_input_is_reported(tmp_path):
 
 
 def test_unsorted_graph_is_written_sorted(tmp_path):
-    nodes = [helper.make_node("MatMul", ["h", "w"], ["y"], name="late"),
-             helper.make_node("Relu", ["x"], ["h"], name="early")]
-    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("w", np.eye(8, dtype=np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["h", "w"], ["y"], name="late"),
+        helper.make_node("Relu", ["x"], ["h"], name="early"),
+    ]
+    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])], [init("w", np.eye(8, dtype=np.float32))])
     path = tmp_path / "unsorted.onnx"
     path.write_bytes(m.SerializeToString())
     result = invoke("convert", path, "--check", "full")
@@ -260,5 +278,5 @@ def test_output_whose_data_file_is_the_inputs_data_is_refused(tmp_path):
     proc = cli_proc("convert", path, "-o", data)
     assert proc.returncode == 2 and "would overwrite a file of the input model" in error_line(proc)
     proc = cli_proc("convert", path, "-o", path.with_name("ext"), "--external-data")
-    assert proc.returncode == 0, proc.stderr   # writes ext and ext.data: different files
+    assert proc.returncode == 0, proc.stderr  # writes ext and ext.data: different files
     assert sha(data) == before

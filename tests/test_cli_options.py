@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -78,11 +77,22 @@ def test_configuration_reaches_convert_explain_and_check_alike(project):
 
 
 def test_flags_override_the_configuration(project):
-    code, _, err = run("convert", "net.onnx", "-o", "out.onnx", "--plan-out", "plan.json", "--rules",
-                       project / "keep_fc2.toml", "--exclude-op", "Softmax", cwd=project)
+    code, _, err = run(
+        "convert",
+        "net.onnx",
+        "-o",
+        "out.onnx",
+        "--plan-out",
+        "plan.json",
+        "--rules",
+        project / "keep_fc2.toml",
+        "--exclude-op",
+        "Softmax",
+        cwd=project,
+    )
     assert code == 0, err
     planned = plan_of(project / "plan.json")
-    assert planned["fc2"] == "fp32" and planned["act"] == "fp16"    # --exclude-op replaced the config's list
+    assert planned["fc2"] == "fp32" and planned["act"] == "fp16"  # --exclude-op replaced the config's list
 
 
 def test_config_precision_and_bad_values(project):
@@ -104,13 +114,14 @@ def test_convert_replays_an_edited_plan(project):
             assert node["precision"] == "fp16"
             node["precision"] = "fp32"
     (project / "edited.json").write_text(json.dumps(data, indent=1))
-    code, out, err = run("convert", "net.onnx", "-o", "b.onnx", "--plan", "edited.json", "--plan-out", "b.json",
-                         cwd=project)
+    code, _out, err = run(
+        "convert", "net.onnx", "-o", "b.onnx", "--plan", "edited.json", "--plan-out", "b.json", cwd=project
+    )
     assert code == 0, err
     assert plan_of(project / "b.json")["fc1"] == "fp32"
     converted = onnx.load(project / "b.onnx")
     fc1 = next(n for n in converted.graph.node if n.name == "fc1")
-    assert all(i in ("x", "w1") for i in fc1.input)      # fp32 weight and input: nothing cast in front
+    assert all(i in ("x", "w1") for i in fc1.input)  # fp32 weight and input: nothing cast in front
 
 
 def test_convert_refuses_a_stale_plan_and_planning_flags_with_a_plan(project):
@@ -121,18 +132,22 @@ def test_convert_refuses_a_stale_plan_and_planning_flags_with_a_plan(project):
     code, _, err = run("convert", "other.onnx", "-o", "c.onnx", "--plan", "plan.json", cwd=project)
     assert code == 2 and "'act' (Relu) in the plan" in err and len(err.strip().splitlines()) == 1
     assert not (project / "c.onnx").exists()
-    code, _, err = run("convert", "net.onnx", "-o", "c.onnx", "--plan", "plan.json", "--exclude-op", "Softmax",
-                       cwd=project)
+    code, _, err = run(
+        "convert", "net.onnx", "-o", "c.onnx", "--plan", "plan.json", "--exclude-op", "Softmax", cwd=project
+    )
     assert code == 2 and "--exclude-op has no effect with --plan" in err
     assert not (project / "c.onnx").exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--atol", "0.1"], "--atol has no effect without --validate"),
-    (["--report-html", "r.html"], "--report-html has no effect without --validate"),
-    (["--seed", "3"], "--seed has no effect without --validate or --target"),
-    (["--device", "cpu"], "--device has no effect without --validate, --target or --calibration-data"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--atol", "0.1"], "--atol has no effect without --validate"),
+        (["--report-html", "r.html"], "--report-html has no effect without --validate"),
+        (["--seed", "3"], "--seed has no effect without --validate or --target"),
+        (["--device", "cpu"], "--device has no effect without --validate, --target or --calibration-data"),
+    ],
+)
 def test_convert_refuses_validation_options_that_would_do_nothing(project, args, message):
     code, _, err = run("convert", "net.onnx", "-o", "out.onnx", *args, cwd=project)
     assert code == 2 and message in err
@@ -145,10 +160,14 @@ def test_check_refuses_validation_options_with_no_validate(project):
 
 
 def test_verbose_logs_each_pass(project):
-    code, out, err = run("convert", "net.onnx", "-o", "out.onnx", "-v", cwd=project)
+    code, _out, err = run("convert", "net.onnx", "-o", "out.onnx", "-v", cwd=project)
     assert code == 0
-    for line in ("classify pass 1 (categories)", "paint pass 2 (fp32 taint)", "paint pass 4 (backward settle)",
-                 "apply: "):
+    for line in (
+        "classify pass 1 (categories)",
+        "paint pass 2 (fp32 taint)",
+        "paint pass 4 (backward settle)",
+        "apply: ",
+    ):
         assert line in err
     code, _, err = run("convert", "net.onnx", "-o", "out2.onnx", cwd=project)
     assert "paint pass" not in err
@@ -158,11 +177,14 @@ def test_lint_protection_follows_the_selections(project):
     """lint judges what the conversion protects with the same selections convert uses: with
     MatMul excluded, the unaligned MatMul is reported as protected."""
     (project / "autocast-onnx.toml").unlink()
-    model = parse("""
+    model = parse(
+        """
         n (float[2,8] x) => (float[2,7] y) {
             [fc] h = MatMul(x, w)
             [act] y = Relu(h)
-        }""", w=randn([8, 7]))
+        }""",
+        w=randn([8, 7]),
+    )
     onnx.save(model, project / "tiny.onnx")
     _, plain, _ = run("lint", "tiny.onnx", cwd=project)
     _, excluded, _ = run("lint", "tiny.onnx", "--exclude-op", "MatMul", cwd=project)

@@ -12,13 +12,13 @@ really rounds.
 import numpy as np
 import onnx
 import pytest
+from helpers import BF16, F16, F32, check, convert, init, model, run, tensor
 from onnx import helper
+from validate_helpers import bf16_exact, fp16_exact, io_signature, nonfinite, run_emulated
 
 from autocast_onnx.validate.core import ValidateOptions, validate
 from autocast_onnx.validate.emulate import emulation_model
 from autocast_onnx.validate.metrics import Thresholds
-from helpers import BF16, F16, F32, check, convert, init, model, run, tensor
-from validate_helpers import bf16_exact, fp16_exact, io_signature, nonfinite, run_emulated
 
 
 def emulate(converted: onnx.ModelProto) -> onnx.ModelProto:
@@ -51,24 +51,32 @@ B, S, D = 3, 4, 8
 
 def masked_attention():
     mask = np.zeros((B, 1, S), np.float32)
-    mask[1, :, 2:] = -1e9          # batch 1: padded after 2 tokens
-    mask[2] = -1e9                 # batch 2: fully masked
-    nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk"),
-             helper.make_node("Add", ["scores", "mask"], ["masked1"], name="mask_add1"),
-             helper.make_node("Add", ["masked1", "mask"], ["masked2"], name="mask_add2"),
-             helper.make_node("Softmax", ["masked2"], ["probs"], axis=-1, name="softmax"),
-             helper.make_node("MatMul", ["probs", "v"], ["out"], name="pv")]
-    m = model(nodes, [tensor("q", F32, [B, S, D]), tensor("kt", F32, [B, D, S]), tensor("v", F32, [B, S, D])],
-              [tensor("out", F32, [B, S, D])], [init("mask", mask)])
+    mask[1, :, 2:] = -1e9  # batch 1: padded after 2 tokens
+    mask[2] = -1e9  # batch 2: fully masked
+    nodes = [
+        helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk"),
+        helper.make_node("Add", ["scores", "mask"], ["masked1"], name="mask_add1"),
+        helper.make_node("Add", ["masked1", "mask"], ["masked2"], name="mask_add2"),
+        helper.make_node("Softmax", ["masked2"], ["probs"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["probs", "v"], ["out"], name="pv"),
+    ]
+    m = model(
+        nodes,
+        [tensor("q", F32, [B, S, D]), tensor("kt", F32, [B, D, S]), tensor("v", F32, [B, S, D])],
+        [tensor("out", F32, [B, S, D])],
+        [init("mask", mask)],
+    )
     check(m)
     return m
 
 
 def attention_feeds(seed=0):
     rng = np.random.default_rng(seed)
-    return {"q": rng.standard_normal((B, S, D)).astype(np.float32),
-            "kt": rng.standard_normal((B, D, S)).astype(np.float32),
-            "v": rng.standard_normal((B, S, D)).astype(np.float32)}
+    return {
+        "q": rng.standard_normal((B, S, D)).astype(np.float32),
+        "kt": rng.standard_normal((B, D, S)).astype(np.float32),
+        "v": rng.standard_normal((B, S, D)).astype(np.float32),
+    }
 
 
 def test_attention_mask_default_conversion_keeps_the_mask_adds_fp32():
@@ -85,7 +93,7 @@ def test_attention_mask_forced_low_gives_nan_in_the_fully_masked_row():
     result = convert(m, include_nodes=["^mask_add"])
     p = precisions(result)
     assert p["mask_add1"] == "fp16" and p["mask_add2"] == "fp16"
-    assert "data-range" in warning_codes(result)     # -1e9 clamped to -65504, said out loud
+    assert "data-range" in warning_codes(result)  # -1e9 clamped to -65504, said out loud
     assert result.stats.clamped_values > 0
 
     feeds = attention_feeds()
@@ -121,15 +129,17 @@ C = 16
 
 def layernorm_pow():
     """mean, x - mean, Pow 2, mean, + eps, Sqrt, Div."""
-    nodes = [helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("eps_v", F32, [], [1e-5])),
-             helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two_v", F32, [], [2.0])),
-             helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="ln_mean"),
-             helper.make_node("Sub", ["x", "mu"], ["d"], name="ln_sub"),
-             helper.make_node("Pow", ["d", "two"], ["d2"], name="ln_pow"),
-             helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="ln_var"),
-             helper.make_node("Add", ["var", "eps"], ["var_eps"], name="ln_add"),
-             helper.make_node("Sqrt", ["var_eps"], ["sd"], name="ln_sqrt"),
-             helper.make_node("Div", ["d", "sd"], ["y"], name="ln_div")]
+    nodes = [
+        helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("eps_v", F32, [], [1e-5])),
+        helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two_v", F32, [], [2.0])),
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="ln_mean"),
+        helper.make_node("Sub", ["x", "mu"], ["d"], name="ln_sub"),
+        helper.make_node("Pow", ["d", "two"], ["d2"], name="ln_pow"),
+        helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="ln_var"),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="ln_add"),
+        helper.make_node("Sqrt", ["var_eps"], ["sd"], name="ln_sqrt"),
+        helper.make_node("Div", ["d", "sd"], ["y"], name="ln_div"),
+    ]
     m = model(nodes, [tensor("x", F32, ["batch", C])], [tensor("y", F32, ["batch", C])])
     check(m)
     return m
@@ -137,16 +147,18 @@ def layernorm_pow():
 
 def layernorm_naive():
     """var = mean(x*x) - mean(x)^2: both terms overflow for x of a few hundred."""
-    nodes = [helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("eps_v", F32, [], [1e-5])),
-             helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="ln_mean"),
-             helper.make_node("Mul", ["x", "x"], ["x2"], name="ln_square"),
-             helper.make_node("ReduceMean", ["x2"], ["ex2"], axes=[-1], name="ln_ex2"),
-             helper.make_node("Mul", ["mu", "mu"], ["mu2"], name="ln_mu2"),
-             helper.make_node("Sub", ["ex2", "mu2"], ["var"], name="ln_var"),
-             helper.make_node("Sub", ["x", "mu"], ["d"], name="ln_sub"),
-             helper.make_node("Add", ["var", "eps"], ["var_eps"], name="ln_add"),
-             helper.make_node("Sqrt", ["var_eps"], ["sd"], name="ln_sqrt"),
-             helper.make_node("Div", ["d", "sd"], ["y"], name="ln_div")]
+    nodes = [
+        helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("eps_v", F32, [], [1e-5])),
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="ln_mean"),
+        helper.make_node("Mul", ["x", "x"], ["x2"], name="ln_square"),
+        helper.make_node("ReduceMean", ["x2"], ["ex2"], axes=[-1], name="ln_ex2"),
+        helper.make_node("Mul", ["mu", "mu"], ["mu2"], name="ln_mu2"),
+        helper.make_node("Sub", ["ex2", "mu2"], ["var"], name="ln_var"),
+        helper.make_node("Sub", ["x", "mu"], ["d"], name="ln_sub"),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="ln_add"),
+        helper.make_node("Sqrt", ["var_eps"], ["sd"], name="ln_sqrt"),
+        helper.make_node("Div", ["d", "sd"], ["y"], name="ln_div"),
+    ]
     m = model(nodes, [tensor("x", F32, ["batch", C])], [tensor("y", F32, ["batch", C])])
     check(m)
     return m
@@ -196,7 +208,7 @@ def test_layernorm_naive_variance_overflow_gives_nan():
     ref = run(m, {"x": x})[0]
     emu = run_emulated(emulate(result.model), {"x": x})[0]
     assert nonfinite(ref) == 0
-    assert np.isnan(emu).any()      # inf - inf
+    assert np.isnan(emu).any()  # inf - inf
     report = check_validate(m, result.model, ranges={"x": (300.0, 1000.0)})
     assert report["outputs"][0]["new_nan"] > 0 and not report["passed"]
     # on standard-normal inputs the same conversion is harmless: the checker is input-dependent
@@ -205,15 +217,18 @@ def test_layernorm_naive_variance_overflow_gives_nan():
 
 # 3. An epsilon that flushes to zero in fp16, on rows whose variance is 0 --------------------------------
 
+
 def normalize_eps():
-    nodes = [helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("eps_v", F32, [], [1e-12])),
-             helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="n_mean"),
-             helper.make_node("Sub", ["x", "mu"], ["d"], name="n_sub"),
-             helper.make_node("Mul", ["d", "d"], ["d2"], name="n_square"),
-             helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="n_var"),
-             helper.make_node("Add", ["var", "eps"], ["var_eps"], name="n_add"),
-             helper.make_node("Sqrt", ["var_eps"], ["sd"], name="n_sqrt"),
-             helper.make_node("Div", ["d", "sd"], ["y"], name="n_div")]
+    nodes = [
+        helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("eps_v", F32, [], [1e-12])),
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="n_mean"),
+        helper.make_node("Sub", ["x", "mu"], ["d"], name="n_sub"),
+        helper.make_node("Mul", ["d", "d"], ["d2"], name="n_square"),
+        helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="n_var"),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="n_add"),
+        helper.make_node("Sqrt", ["var_eps"], ["sd"], name="n_sqrt"),
+        helper.make_node("Div", ["d", "sd"], ["y"], name="n_div"),
+    ]
     m = model(nodes, [tensor("x", F32, ["batch", C])], [tensor("y", F32, ["batch", C])])
     check(m)
     return m
@@ -228,7 +243,7 @@ def constant_rows():
 
 def test_flushed_epsilon_forced_low_divides_by_zero(tmp_path):
     m = normalize_eps()
-    assert set(precisions(convert(m)).values()) == {"fp32"}   # by default the eps keeps it fp32
+    assert set(precisions(convert(m)).values()) == {"fp32"}  # by default the eps keeps it fp32
     result = convert(m, include_nodes=["^n_"])
     assert set(precisions(result).values()) == {"fp16"}
     assert "data-flush" in warning_codes(result)
@@ -258,8 +273,12 @@ K, N = 8, 4
 
 
 def matmul_model(w):
-    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], [tensor("x", F32, ["batch", K])],
-              [tensor("y", F32, ["batch", N])], [init("w", w)])
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")],
+        [tensor("x", F32, ["batch", K])],
+        [tensor("y", F32, ["batch", N])],
+        [init("w", w)],
+    )
     check(m)
     return m
 
@@ -291,7 +310,7 @@ def test_weight_above_fp16_range_forced_low_overflows():
 def test_matmul_outputs_above_fp16_range_overflow_only_in_emulation():
     m = matmul_model(np.ones((K, N), np.float32))
     result = convert(m)
-    assert precisions(result)["fc"] == "fp16"       # nothing in the graph says it is unsafe
+    assert precisions(result)["fc"] == "fp16"  # nothing in the graph says it is unsafe
     x = np.random.default_rng(5).uniform(9000, 10000, (3, K)).astype(np.float32)
     ref = run(m, {"x": x})[0]
     assert nonfinite(ref) == 0 and ref.min() > 65504
@@ -312,15 +331,19 @@ def test_matmul_outputs_above_fp16_range_overflow_only_in_emulation():
 
 # 5. Safe case: a small MLP ---------------------------------------------------------------------------
 
+
 def mlp(seed=6):
     rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((16, 32)) * 0.3).astype(np.float32)
     w2 = (rng.standard_normal((32, 8)) * 0.3).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-             helper.make_node("Relu", ["h"], ["a"], name="relu"),
-             helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2")]
-    m = model(nodes, [tensor("x", F32, ["batch", 16])], [tensor("y", F32, ["batch", 8])],
-              [init("w1", w1), init("w2", w2)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["a"], name="relu"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2"),
+    ]
+    m = model(
+        nodes, [tensor("x", F32, ["batch", 16])], [tensor("y", F32, ["batch", 8])], [init("w1", w1), init("w2", w2)]
+    )
     check(m)
     return m
 
@@ -340,7 +363,7 @@ def test_safe_mlp_matches_fp32_and_really_rounds():
     assert nonfinite(emu) == 0
     diff = np.abs(emu.astype(np.float64) - ref)
     assert diff.max() <= 1e-2 * np.abs(ref).max()
-    assert diff.max() > 0                 # rounding really happens
+    assert diff.max() > 0  # rounding really happens
     # the fp16 tensors of the converted model hold fp16 values (and are not just fp32 copies)
     for inner in (h, a, emu):
         assert fp16_exact(inner)
@@ -389,22 +412,51 @@ def test_emulation_keeps_low_precision_model_inputs_and_outputs():
 def test_rounding_is_round_to_nearest_even_with_overflow_and_underflow(precision):
     """A value-preserving op (Neg) forced low: emulation must give exactly numpy's conversion
     (round to nearest even; beyond the range -> inf; below half the smallest subnormal -> 0)."""
-    m = model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [tensor("x", F32, [12])],
-              [tensor("y", F32, [12])])
+    m = model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [tensor("x", F32, [12])], [tensor("y", F32, [12])])
     result = convert(m, precision=precision, include_nodes=["^neg$"])
     assert precisions(result)["neg"] == precision
     emu_model = emulate(result.model)
     if precision == "fp16":
-        ulp = 2.0 ** -10
-        x = np.array([1 + 0.75 * ulp, 1 + 0.25 * ulp, 1 + 0.5 * ulp, 1 + 1.5 * ulp, 70000.0, -1e6,
-                      2e-8, 4e-8, 65504.0, 3.0e-5, -0.1, 123.456], np.float32)
+        ulp = 2.0**-10
+        x = np.array(
+            [
+                1 + 0.75 * ulp,
+                1 + 0.25 * ulp,
+                1 + 0.5 * ulp,
+                1 + 1.5 * ulp,
+                70000.0,
+                -1e6,
+                2e-8,
+                4e-8,
+                65504.0,
+                3.0e-5,
+                -0.1,
+                123.456,
+            ],
+            np.float32,
+        )
         with np.errstate(over="ignore"):
             want = -(x.astype(np.float16).astype(np.float32))
         assert np.isinf(want[4]) and want[6] == 0 and want[7] != 0
     else:
-        ulp = 2.0 ** -7
-        x = np.array([1 + 0.75 * ulp, 1 + 0.25 * ulp, 1 + 0.5 * ulp, 1 + 1.5 * ulp, 3.0e38, -1e30,
-                      1e-30, 3.3e-39, 65504.0, 3.0e-5, -0.1, 123.456], np.float32)
+        ulp = 2.0**-7
+        x = np.array(
+            [
+                1 + 0.75 * ulp,
+                1 + 0.25 * ulp,
+                1 + 0.5 * ulp,
+                1 + 1.5 * ulp,
+                3.0e38,
+                -1e30,
+                1e-30,
+                3.3e-39,
+                65504.0,
+                3.0e-5,
+                -0.1,
+                123.456,
+            ],
+            np.float32,
+        )
         want = -_round_bf16(x)
     emu = run_emulated(emu_model, {"x": x})[0]
     np.testing.assert_array_equal(emu, want)
@@ -418,6 +470,7 @@ def _round_bf16(x):
 
 
 # 6. bf16 -----------------------------------------------------------------------------------------------
+
 
 def test_bf16_mlp_rounds_to_bf16():
     m = mlp()
@@ -436,7 +489,7 @@ def test_bf16_mlp_rounds_to_bf16():
     for inner in (h, a, emu):
         assert bf16_exact(inner)
     href = run(_with_outputs(m, ["h"]), {"x": x})[1]
-    assert not bf16_exact(href)     # the fp32 values are not bf16 values: the rounding is emulation's
+    assert not bf16_exact(href)  # the fp32 values are not bf16 values: the rounding is emulation's
     diff = np.abs(emu.astype(np.float64) - ref)
     assert 0 < diff.max() <= 3e-2 * np.abs(ref).max()
     report = check_validate(m, result.model, thresholds=Thresholds(rtol=0.05, min_cosine=0.99))
@@ -445,21 +498,38 @@ def test_bf16_mlp_rounds_to_bf16():
 
 # 7. Subgraphs ------------------------------------------------------------------------------------------
 
+
 def if_model():
     rng = np.random.default_rng(8)
     w = (rng.standard_normal((8, 4)) * 0.5).astype(np.float32)
-    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t_out"], name="then_fc")], "then", [],
-                               [tensor("t_out", F32, ["batch", 4])])
-    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "w_else"], ["e_mm"], name="else_fc"),
-                                helper.make_node("Neg", ["e_mm"], ["e_out"], name="else_neg")], "else", [],
-                               [tensor("e_out", F32, ["batch", 4])])
-    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
-             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero_v", F32, [], [0.0])),
-             helper.make_node("Greater", ["s", "zero"], ["c"], name="cond"),
-             helper.make_node("If", ["c"], ["branch_out"], then_branch=then_g, else_branch=else_g, name="branch"),
-             helper.make_node("MatMul", ["branch_out", "w_head"], ["y"], name="head")]
-    m = model(nodes, [tensor("x", F32, ["batch", 8])], [tensor("y", F32, ["batch", 2])],
-              [init("w", w), init("w_else", -w), init("w_head", w[:4, :2].copy())])
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["t_out"], name="then_fc")],
+        "then",
+        [],
+        [tensor("t_out", F32, ["batch", 4])],
+    )
+    else_g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w_else"], ["e_mm"], name="else_fc"),
+            helper.make_node("Neg", ["e_mm"], ["e_out"], name="else_neg"),
+        ],
+        "else",
+        [],
+        [tensor("e_out", F32, ["batch", 4])],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero_v", F32, [], [0.0])),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="cond"),
+        helper.make_node("If", ["c"], ["branch_out"], then_branch=then_g, else_branch=else_g, name="branch"),
+        helper.make_node("MatMul", ["branch_out", "w_head"], ["y"], name="head"),
+    ]
+    m = model(
+        nodes,
+        [tensor("x", F32, ["batch", 8])],
+        [tensor("y", F32, ["batch", 2])],
+        [init("w", w), init("w_else", -w), init("w_head", w[:4, :2].copy())],
+    )
     check(m)
     return m
 
@@ -477,7 +547,7 @@ def test_if_branch_with_fp16_matmul():
         assert any(c.attribute[0].i == F16 for c in casts)
         assert not any(t.data_type in (F16, BF16) for t in attr.g.initializer)
     rng = np.random.default_rng(9)
-    for sign in (1.0, -1.0):          # both branches
+    for sign in (1.0, -1.0):  # both branches
         x = (sign * np.abs(rng.standard_normal((3, 8)))).astype(np.float32)
         ref = run(m, {"x": x})[0]
         emu = run_emulated(emu_model, {"x": x})[0]
@@ -486,3 +556,38 @@ def test_if_branch_with_fp16_matmul():
         assert 0 < diff.max() <= 1e-2 * np.abs(ref).max()
         assert fp16_exact(emu)
     assert check_validate(m, result.model, batches=3)["passed"]
+
+
+def test_emulation_of_a_scan_body_with_low_precision_tensors_loads_and_matches():
+    """Regression (found by the property tests): the emulation builder cleared the body graphs'
+    value_info after the node lists were rewritten, i.e. on detached copies, so the body kept
+    declaring fp16 for tensors that the emulation computes in fp32 and ONNX Runtime refused it."""
+    import onnxruntime as ort
+    from helpers import parse, randn
+
+    import autocast_onnx
+
+    body = onnx.parser.parse_graph("""
+        body (float[8] s, float[8] xt) => (float[8] s_out, float[8] y) {
+            m = MatMul(xt, w)
+            s_out = Add(s, m)
+            y = Tanh(m)
+        }""")
+    body.value_info.append(helper.make_tensor_value_info("m", onnx.TensorProto.FLOAT, [8]))
+    model = parse(
+        """
+        scan (float[8] s0, float[4,8] x) => (float[8] s, float[4,8] ys) {
+            s, ys = Scan<num_scan_inputs = 1>(s0, x)
+        }""",
+        w=randn([8, 8], 3, 0.3),
+    )
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("body", body))
+    converted = autocast_onnx.convert(model).model
+    declared = {vi.name: vi.type.tensor_type.elem_type for vi in converted.graph.node[0].attribute[-1].g.value_info}
+    assert declared["m"] == F16  # the converted body declares its fp16 tensor
+    emulated = emulation_model(converted)
+    feeds = {"s0": randn([8], 1), "x": randn([4, 8], 2)}
+    ref = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    out = ort.InferenceSession(emulated.SerializeToString()).run(None, feeds)
+    for r, o in zip(ref, out):
+        np.testing.assert_allclose(o, r, atol=2e-2 * max(1.0, float(np.abs(r).max())))

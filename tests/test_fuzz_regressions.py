@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from helpers import F32, init, model, tensor
 from onnx import TensorProto, helper
 
 import autocast_onnx
-from helpers import F32, init, model, tensor
 
 PRECISIONS = ["fp16", "bf16"]
 
@@ -22,9 +22,12 @@ def node(op, inputs, outputs, name, **kw):
 
 def branch(name, op, src, out):
     """A body of two nodes, op(src) -> Identity -> out: the intermediate has no declared type."""
-    return helper.make_graph([node(op, [src], [out + "_mid"], f"{name}_{op}"),
-                              node("Identity", [out + "_mid"], [out], f"{name}_Identity")],
-                             name, [], [tensor(out, F32, [2, 8])])
+    return helper.make_graph(
+        [node(op, [src], [out + "_mid"], f"{name}_{op}"), node("Identity", [out + "_mid"], [out], f"{name}_Identity")],
+        name,
+        [],
+        [tensor(out, F32, [2, 8])],
+    )
 
 
 # 1. A body that reads an outer tensor produced after an earlier control-flow node ------------------
@@ -33,16 +36,31 @@ def second_if_reads_late_outer_tensor():
     then: Softmax(mm) -> Identity; else: Relu(mm) -> Identity.
     Found by the fuzzer as: If, Relu chain, If with a Softmax body."""
     nodes = [
-        node("If", ["cond"], ["first"], "if_first",
-             then_branch=branch("then1", "Relu", "x", "a1"), else_branch=branch("else1", "Neg", "x", "b1")),
+        node(
+            "If",
+            ["cond"],
+            ["first"],
+            "if_first",
+            then_branch=branch("then1", "Relu", "x", "a1"),
+            else_branch=branch("else1", "Neg", "x", "b1"),
+        ),
         node("MatMul", ["x", "W"], ["mm"], "matmul"),
-        node("If", ["cond"], ["second"], "if_second",
-             then_branch=branch("then2", "Softmax", "mm", "a2"), else_branch=branch("else2", "Relu", "mm", "b2")),
+        node(
+            "If",
+            ["cond"],
+            ["second"],
+            "if_second",
+            then_branch=branch("then2", "Softmax", "mm", "a2"),
+            else_branch=branch("else2", "Relu", "mm", "b2"),
+        ),
         node("Add", ["first", "second"], ["y"], "join"),
     ]
-    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)),
-               init("cond", np.array(True))])
+    m = model(
+        nodes,
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)), init("cond", np.array(True))],
+    )
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -71,9 +89,12 @@ def matmul_with_overridable_weight():
     """y = MatMul(x, W) where W is an initializer AND a graph input (a default value the caller
     may override; allowed since IR version 4). Found by the fuzzer as: Log, Relu chain, MatMul
     whose weight was also declared as a graph input."""
-    m = model([node("MatMul", ["x", "W"], ["y"], "matmul")],
-              [tensor("x", F32, [2, 8]), tensor("W", F32, [8, 8])], [tensor("y", F32, [2, 8])],
-              [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    m = model(
+        [node("MatMul", ["x", "W"], ["y"], "matmul")],
+        [tensor("x", F32, [2, 8]), tensor("W", F32, [8, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -104,9 +125,12 @@ def test_initializer_that_is_also_an_input_keeps_one_type_without_keep_io_types(
 # 3. EyeLike (keep_fp32) feeding a low-precision MatMul ---------------------------------------------
 def matmul_by_eyelike():
     """y = MatMul(x, EyeLike(W)). Found by the fuzzer as a single EyeLike step."""
-    m = model([node("EyeLike", ["W"], ["eye"], "eyelike"), node("MatMul", ["x", "eye"], ["y"], "matmul")],
-              [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    m = model(
+        [node("EyeLike", ["W"], ["eye"], "eyelike"), node("MatMul", ["x", "eye"], ["y"], "matmul")],
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -146,8 +170,12 @@ def test_validate_compares_a_model_with_low_precision_inputs_and_outputs(precisi
     Expected: the emulated comparison runs, as it does for fp16 and for bf16 with fp32 I/O."""
     from autocast_onnx.validate.core import ValidateOptions, validate
 
-    m = model([node("MatMul", ["x", "W"], ["y"], "matmul")], [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    m = model(
+        [node("MatMul", ["x", "W"], ["y"], "matmul")],
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
     converted = autocast_onnx.convert(m, precision=precision, keep_io_types=False).model
     low = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[precision]
     assert converted.graph.input[0].type.tensor_type.elem_type == low
@@ -162,12 +190,21 @@ def layernorm_mean_joined_with_matmul():
     value_info in the model. Found by the fuzzer as: Gemm, LayerNormalization whose Mean output is
     added to its Y output, Relu chain (with --exclude-op Add)."""
     rng = np.random.default_rng(0)
-    nodes = [node("LayerNormalization", ["x", "g", "b"], ["ln", "mean", "inv"], "ln", axis=-1),
-             node("MatMul", ["x", "W"], ["mm"], "matmul"),
-             node("Add", ["mm", "mean"], ["y"], "add")]
-    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("g", np.ones(8, np.float32)), init("b", np.zeros(8, np.float32)),
-               init("W", rng.standard_normal((8, 8)).astype(np.float32))])
+    nodes = [
+        node("LayerNormalization", ["x", "g", "b"], ["ln", "mean", "inv"], "ln", axis=-1),
+        node("MatMul", ["x", "W"], ["mm"], "matmul"),
+        node("Add", ["mm", "mean"], ["y"], "add"),
+    ]
+    m = model(
+        nodes,
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [
+            init("g", np.ones(8, np.float32)),
+            init("b", np.zeros(8, np.float32)),
+            init("W", rng.standard_normal((8, 8)).astype(np.float32)),
+        ],
+    )
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -201,9 +238,11 @@ def masked_scores_with_overridable_constants(as_inputs: bool):
     w[0, 0] = 7e4
     mask = np.zeros(8, np.float32)
     mask[5:] = -1e9
-    nodes = [node("MatMul", ["x", "W"], ["mm"], "matmul"),
-             node("Add", ["mm", "M"], ["masked"], "mask_add"),
-             node("Softmax", ["masked"], ["y"], "softmax", axis=-1)]
+    nodes = [
+        node("MatMul", ["x", "W"], ["mm"], "matmul"),
+        node("Add", ["mm", "M"], ["masked"], "mask_add"),
+        node("Softmax", ["masked"], ["y"], "softmax", axis=-1),
+    ]
     inputs = [tensor("x", F32, [2, 8])] + ([tensor("W", F32, [8, 8]), tensor("M", F32, [8])] if as_inputs else [])
     m = model(nodes, inputs, [tensor("y", F32, [2, 8])], [init("W", w), init("M", mask)])
     onnx.checker.check_model(m, full_check=True)
@@ -219,8 +258,9 @@ def test_data_rules_check_the_default_values_of_inputs(precision):
     declarations the same model keeps both nodes fp32 ("data-range"). Expected: the same plan
     either way (the default value is what runs unless the caller overrides it), and emulated
     output equal to fp32 within fp16 rounding."""
-    from autocast_onnx.validate.emulate import emulation_model
     import onnxruntime as ort
+
+    from autocast_onnx.validate.emulate import emulation_model
 
     plain = autocast_onnx.convert(masked_scores_with_overridable_constants(False), precision=precision)
     m = masked_scores_with_overridable_constants(True)
@@ -232,8 +272,9 @@ def test_data_rules_check_the_default_values_of_inputs(precision):
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    (emu,) = ort.InferenceSession(emulation_model(result.model).SerializeToString(), so,
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (emu,) = ort.InferenceSession(
+        emulation_model(result.model).SerializeToString(), so, providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})
     assert np.isfinite(ref).all()
     np.testing.assert_allclose(emu, ref, atol=2e-2)
 
@@ -243,17 +284,29 @@ def loop_reads_author_cast_of_fp16_input():
     """z (float16 input) -> Cast(to=FLOAT) -> zf; Loop(2) whose body computes v + MatMul(zf, W).
     Found by the fuzzer as: a float16 graph input cast to float, Conv, nested Loops whose inner
     body concatenates the cast input."""
-    body = helper.make_graph([node("MatMul", ["zf", "W"], ["mm"], "body_matmul"),
-                              node("Add", ["v", "mm"], ["v_out"], "body_add"),
-                              node("Identity", ["c"], ["c_out"], "body_cond")], "body",
-                             [tensor("i", TensorProto.INT64, []), tensor("c", TensorProto.BOOL, []),
-                              tensor("v", F32, [2, 8])],
-                             [tensor("c_out", TensorProto.BOOL, []), tensor("v_out", F32, [2, 8])])
-    nodes = [node("Cast", ["z"], ["zf"], "to_float", to=TensorProto.FLOAT),
-             node("Loop", ["trips", "", "zf"], ["y"], "loop", body=body)]
-    m = model(nodes, [tensor("z", TensorProto.FLOAT16, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)),
-               init("trips", np.array(2, np.int64))])
+    body = helper.make_graph(
+        [
+            node("MatMul", ["zf", "W"], ["mm"], "body_matmul"),
+            node("Add", ["v", "mm"], ["v_out"], "body_add"),
+            node("Identity", ["c"], ["c_out"], "body_cond"),
+        ],
+        "body",
+        [tensor("i", TensorProto.INT64, []), tensor("c", TensorProto.BOOL, []), tensor("v", F32, [2, 8])],
+        [tensor("c_out", TensorProto.BOOL, []), tensor("v_out", F32, [2, 8])],
+    )
+    nodes = [
+        node("Cast", ["z"], ["zf"], "to_float", to=TensorProto.FLOAT),
+        node("Loop", ["trips", "", "zf"], ["y"], "loop", body=body),
+    ]
+    m = model(
+        nodes,
+        [tensor("z", TensorProto.FLOAT16, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [
+            init("W", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)),
+            init("trips", np.array(2, np.int64)),
+        ],
+    )
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -278,8 +331,9 @@ def test_converted_loop_reading_a_cast_back_to_fp16_runs():
     so = ort.SessionOptions()
     so.log_severity_level = 4
     (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"z": z})
-    (out,) = ort.InferenceSession(result.model.SerializeToString(), so,
-                                  providers=["CPUExecutionProvider"]).run(None, {"z": z})
+    (out,) = ort.InferenceSession(result.model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {"z": z}
+    )
     np.testing.assert_allclose(out, ref, atol=5e-2 * max(1.0, float(np.abs(ref).max())))
 
 
@@ -295,8 +349,9 @@ def test_out_of_range_weight_through_a_clear_op_keeps_the_matmul_fp32(via):
     Expected: a constant that only passes through clear ops (Transpose, Identity, Reshape, ...) is
     judged by the data rules at the op that computes with it: the MatMul stays fp32, and the
     emulated output is finite and matches fp32."""
-    from autocast_onnx.validate.emulate import emulation_model
     import onnxruntime as ort
+
+    from autocast_onnx.validate.emulate import emulation_model
 
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((8, 8)) / 3).astype(np.float32)
@@ -304,8 +359,12 @@ def test_out_of_range_weight_through_a_clear_op_keeps_the_matmul_fp32(via):
     attrs = {"perm": [1, 0]} if via == "Transpose" else {}
     inputs = ["W", "shape"] if via == "Reshape" else ["W"]
     nodes = [node(via, inputs, ["w_moved"], "move", **attrs), node("MatMul", ["x", "w_moved"], ["y"], "matmul")]
-    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("W", w), init("shape", np.array([8, 8], np.int64))])
+    m = model(
+        nodes,
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("W", w), init("shape", np.array([8, 8], np.int64))],
+    )
     onnx.checker.check_model(m, full_check=True)
     result = autocast_onnx.convert(m, precision="fp16")
     onnx.checker.check_model(result.model, full_check=True)
@@ -315,8 +374,9 @@ def test_out_of_range_weight_through_a_clear_op_keeps_the_matmul_fp32(via):
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    (emu,) = ort.InferenceSession(emulation_model(result.model).SerializeToString(), so,
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (emu,) = ort.InferenceSession(
+        emulation_model(result.model).SerializeToString(), so, providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})
     assert np.isfinite(ref).all() and np.isfinite(emu).all()
     np.testing.assert_allclose(emu, ref, rtol=1e-2, atol=1e-2 * float(np.abs(ref).max()))
 
@@ -331,22 +391,35 @@ def body_matmul_on_constant_entering_a_body(kind):
     s[0, 0] = 7e4
     w = (rng.standard_normal((8, 8)) / 3).astype(np.float32)
     if kind == "Loop":
-        body = helper.make_graph([node("MatMul", ["v", "W"], ["mm"], "body_matmul"),
-                                  node("Identity", ["mm"], ["v_out"], "body_out"),
-                                  node("Identity", ["c"], ["c_out"], "body_cond")], "body",
-                                 [tensor("i", TensorProto.INT64, []), tensor("c", TensorProto.BOOL, []),
-                                  tensor("v", F32, [2, 8])],
-                                 [tensor("c_out", TensorProto.BOOL, []), tensor("v_out", F32, [2, 8])])
+        body = helper.make_graph(
+            [
+                node("MatMul", ["v", "W"], ["mm"], "body_matmul"),
+                node("Identity", ["mm"], ["v_out"], "body_out"),
+                node("Identity", ["c"], ["c_out"], "body_cond"),
+            ],
+            "body",
+            [tensor("i", TensorProto.INT64, []), tensor("c", TensorProto.BOOL, []), tensor("v", F32, [2, 8])],
+            [tensor("c_out", TensorProto.BOOL, []), tensor("v_out", F32, [2, 8])],
+        )
         nodes = [node("Loop", ["trips", "", "S"], ["y"], "loop", body=body)]
     else:
-        body = helper.make_graph([node("MatMul", ["row", "W"], ["mm"], "body_matmul"),
-                                  node("Identity", ["mm"], ["out"], "body_out"),
-                                  node("Identity", ["st"], ["st_out"], "body_state")], "body",
-                                 [tensor("st", F32, [8]), tensor("row", F32, [8])],
-                                 [tensor("st_out", F32, [8]), tensor("out", F32, [8])])
+        body = helper.make_graph(
+            [
+                node("MatMul", ["row", "W"], ["mm"], "body_matmul"),
+                node("Identity", ["mm"], ["out"], "body_out"),
+                node("Identity", ["st"], ["st_out"], "body_state"),
+            ],
+            "body",
+            [tensor("st", F32, [8]), tensor("row", F32, [8])],
+            [tensor("st_out", F32, [8]), tensor("out", F32, [8])],
+        )
         nodes = [node("Scan", ["s0", "S"], ["st_final", "y"], "scan", body=body, num_scan_inputs=1)]
-    m = model(nodes, [tensor("x", F32, [2, 8])], [tensor("y", F32, [2, 8])],
-              [init("S", s), init("W", w), init("trips", np.array(1, np.int64)), init("s0", np.zeros(8, np.float32))])
+    m = model(
+        nodes,
+        [tensor("x", F32, [2, 8])],
+        [tensor("y", F32, [2, 8])],
+        [init("S", s), init("W", w), init("trips", np.array(1, np.int64)), init("s0", np.zeros(8, np.float32))],
+    )
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -361,8 +434,9 @@ def test_out_of_range_constant_entering_a_body_keeps_its_consumer_fp32(kind):
     Loop's loop-carried input (the Scan's scanned input). Expected: the body's MatMul stays fp32
     (like MatMul(S, W) in the main graph, which the data rule keeps fp32) and the emulated output
     matches fp32."""
-    from autocast_onnx.validate.emulate import emulation_model
     import onnxruntime as ort
+
+    from autocast_onnx.validate.emulate import emulation_model
 
     m = body_matmul_on_constant_entering_a_body(kind)
     result = autocast_onnx.convert(m, precision="fp16")
@@ -373,7 +447,8 @@ def test_out_of_range_constant_entering_a_body_keeps_its_consumer_fp32(kind):
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     (ref,) = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    (emu,) = ort.InferenceSession(emulation_model(result.model).SerializeToString(), so,
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (emu,) = ort.InferenceSession(
+        emulation_model(result.model).SerializeToString(), so, providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})
     assert np.isfinite(ref).all() and np.isfinite(emu).all()
     np.testing.assert_allclose(emu, ref, rtol=1e-2, atol=1e-2 * float(np.abs(ref).max()))

@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import F32, init, model, tensor
 from onnx import helper
 
 from autocast_onnx.cli.main import cli
-from helpers import F32, init, model, tensor
 
 PREFIX = "autocast-onnx: error: "
 COMMANDS = ["convert", "validate", "lint", "check", "explain", "rules"]
@@ -34,6 +34,7 @@ COMMANDS = ["convert", "validate", "lint", "check", "explain", "rules"]
 @dataclass(frozen=True)
 class Valid:
     """This kind of value is legitimately accepted by the option (not attacked)."""
+
     why: str
 
 
@@ -51,8 +52,14 @@ TEXT_KINDS = ("empty",)
 # a string array, {npz_rank} one whose 'x' has the wrong rank.
 OUTPUT = {"empty": "", "directory": "{out}", "missing_folder": "{out}/nope/file", "input": "{model}"}
 INPUT_FILE = {"empty": "", "directory": "{dir}", "missing": "{missing}", "not_onnx": "{text}"}
-BATCHES = {"empty": "", "directory": "{dir}", "missing": "{missing}", "text_array": "{npz_text}",
-           "wrong_rank": "{npz_rank}", "not_npz": "{text}"}
+BATCHES = {
+    "empty": "",
+    "directory": "{dir}",
+    "missing": "{missing}",
+    "text_array": "{npz_text}",
+    "wrong_rank": "{npz_rank}",
+    "not_npz": "{text}",
+}
 RULES = {"empty": "", "directory": "{dir}", "missing": "{missing}", "invalid": "{bad_rules}"}
 CONFIG = {"empty": "", "directory": "{dir}", "missing": "{missing}", "invalid": "{bad_config}"}
 REGEX = {"empty": "", "blank": "   ", "bad_regex": "(["}
@@ -65,26 +72,66 @@ def choice(*_):
 
 
 def threshold(low_is_valid: bool, huge_is_valid: bool, negative: str, huge: str = "1e30"):
-    return {"negative": Valid("any value >= -1 is a valid minimum cosine") if low_is_valid else negative,
-            "zero": Valid("0 is a legitimate threshold"),
-            "nan": "nan", "inf": "inf",
-            "huge": Valid("a huge tolerance means no limit") if huge_is_valid else huge,
-            "not_a_number": "abc", "empty": "", "minus_inf": "-inf"}
+    return {
+        "negative": Valid("any value >= -1 is a valid minimum cosine") if low_is_valid else negative,
+        "zero": Valid("0 is a legitimate threshold"),
+        "nan": "nan",
+        "inf": "inf",
+        "huge": Valid("a huge tolerance means no limit") if huge_is_valid else huge,
+        "not_a_number": "abc",
+        "empty": "",
+        "minus_inf": "-inf",
+    }
 
 
 VALIDATION = {
     "inputs": BATCHES,
-    "dims": {"empty": "", "no_equals": "batch", "no_name": "=2", "negative": "batch=-1", "zero": "batch=0",
-             "nan": "batch=nan", "inf": "batch=inf", "huge": "batch=" + "9" * 30, "not_a_number": "batch=abc",
-             "fraction": "batch=1.5", "unknown_name": "nosuch=2",
-             "too_large_to_generate": "batch=100000000"},
-    "ranges": {"empty": "", "malformed": "x", "reversed": "x=1:0", "equal": "x=1:1", "nan": "x=nan:1",
-               "inf": "x=0:inf", "overflow": "x=0:1e999", "huge": "x=0:1e39", "not_a_number": "x=abc:1",
-               "unknown_name": "nosuch=0:1"},
-    "batches": {"negative": "-1", "zero": "0", "nan": "nan", "inf": "inf", "huge": ["10001", str(10**30)],
-                "not_a_number": "abc", "empty": "", "fraction": "1.5"},
-    "seed": {"negative": "-1", "zero": Valid("seed 0 is the default"), "nan": "nan", "inf": "inf",
-             "huge": [str(2**32), str(10**30)], "not_a_number": "abc", "empty": "", "fraction": "1.5"},
+    "dims": {
+        "empty": "",
+        "no_equals": "batch",
+        "no_name": "=2",
+        "negative": "batch=-1",
+        "zero": "batch=0",
+        "nan": "batch=nan",
+        "inf": "batch=inf",
+        "huge": "batch=" + "9" * 30,
+        "not_a_number": "batch=abc",
+        "fraction": "batch=1.5",
+        "unknown_name": "nosuch=2",
+        "too_large_to_generate": "batch=100000000",
+    },
+    "ranges": {
+        "empty": "",
+        "malformed": "x",
+        "reversed": "x=1:0",
+        "equal": "x=1:1",
+        "nan": "x=nan:1",
+        "inf": "x=0:inf",
+        "overflow": "x=0:1e999",
+        "huge": "x=0:1e39",
+        "not_a_number": "x=abc:1",
+        "unknown_name": "nosuch=0:1",
+    },
+    "batches": {
+        "negative": "-1",
+        "zero": "0",
+        "nan": "nan",
+        "inf": "inf",
+        "huge": ["10001", str(10**30)],
+        "not_a_number": "abc",
+        "empty": "",
+        "fraction": "1.5",
+    },
+    "seed": {
+        "negative": "-1",
+        "zero": Valid("seed 0 is the default"),
+        "nan": "nan",
+        "inf": "inf",
+        "huge": [str(2**32), str(10**30)],
+        "not_a_number": "abc",
+        "empty": "",
+        "fraction": "1.5",
+    },
     "device": choice(),
     "numerics": choice(),
     "atol": threshold(False, True, "-1"),
@@ -93,10 +140,24 @@ VALIDATION = {
     "min_top1": threshold(False, False, "-0.5") | {"above_one": "1.5"},
     "class_outputs": {"empty": "", "blank": " ", "unknown": "nosuch"},
     "speed": NO_VALUE,
-    "iterations": {"negative": "-1", "zero": "0", "nan": "nan", "inf": "inf", "huge": ["1000001", str(10**30)],
-                   "not_a_number": "abc", "empty": ""},
-    "warmup": {"negative": "-1", "zero": Valid("no warm-up runs is legitimate"), "nan": "nan", "inf": "inf",
-               "huge": ["100001", str(10**30)], "not_a_number": "abc", "empty": ""},
+    "iterations": {
+        "negative": "-1",
+        "zero": "0",
+        "nan": "nan",
+        "inf": "inf",
+        "huge": ["1000001", str(10**30)],
+        "not_a_number": "abc",
+        "empty": "",
+    },
+    "warmup": {
+        "negative": "-1",
+        "zero": Valid("no warm-up runs is legitimate"),
+        "nan": "nan",
+        "inf": "inf",
+        "huge": ["100001", str(10**30)],
+        "not_a_number": "abc",
+        "empty": "",
+    },
     "report_json": OUTPUT | {"same_as_other": "{out}/r.html"},
     "report_html": OUTPUT | {"same_as_other": "{out}/r.json"},
 }
@@ -116,12 +177,25 @@ HOSTILE = {
         "check": choice(),
         "quiet": NO_VALUE,
         "calibration_data": BATCHES,
-        "targets": {"empty": "", "no_value": "cosine", "unknown_key": "speed=2", "not_a_number": "cosine=abc",
-                    "nan": "cosine=nan", "inf": "atol=inf", "negative": "atol=-1", "huge": "cosine=1e30",
-                    "zero": Valid("atol=0 (exact results) is a legitimate target")},
+        "targets": {
+            "empty": "",
+            "no_value": "cosine",
+            "unknown_key": "speed=2",
+            "not_a_number": "cosine=abc",
+            "nan": "cosine=nan",
+            "inf": "atol=inf",
+            "negative": "atol=-1",
+            "huge": "cosine=1e30",
+            "zero": Valid("atol=0 (exact results) is a legitimate target"),
+        },
         "run_validate": NO_VALUE,
-        "plan_file": {"empty": "", "directory": "{dir}", "missing": "{missing}", "not_a_plan": "{text}",
-                      "a_model": "{model}"},
+        "plan_file": {
+            "empty": "",
+            "directory": "{dir}",
+            "missing": "{missing}",
+            "not_a_plan": "{text}",
+            "a_model": "{model}",
+        },
         "config": CONFIG,
         "verbose": NO_VALUE,
         **VALIDATION,
@@ -137,7 +211,7 @@ HOSTILE = {
     "lint": {
         "models": INPUT_FILE,
         "fmt": choice(),
-        "output": {k: v for k, v in OUTPUT.items()},
+        "output": dict(OUTPUT.items()),
         "select": SELECTOR,
         "ignore": SELECTOR,
         "fail_on": choice(),
@@ -157,8 +231,13 @@ HOSTILE = {
         "select": SELECTOR,
         "ignore": SELECTOR,
         "fail_on": choice(),
-        "baseline": {"empty": "", "directory": "{dir}", "missing": "{missing}", "not_a_report": "{model}",
-                     "text": "{text}"},
+        "baseline": {
+            "empty": "",
+            "directory": "{dir}",
+            "missing": "{missing}",
+            "not_a_report": "{model}",
+            "text": "{text}",
+        },
         "sarif": OUTPUT | {"same_as_other": "{out}/r.json"},
         "config": CONFIG,
         "skip_validate": NO_VALUE,
@@ -190,13 +269,31 @@ HOSTILE = {
 # The valid run each hostile value is put into (one value replaced or added at a time): fast
 # (tiny model, no speed measurement) and exercising every option (convert validates).
 BASE = {
-    "convert": {"model": "{model}", "output": "{out}/o.onnx", "plan_out": "{out}/plan.json", "run_validate": True,
-                "speed": False, "report_json": "{out}/r.json", "report_html": "{out}/r.html"},
-    "validate": {"reference": "{model}", "converted": "{model}", "speed": False, "report_json": "{out}/r.json",
-                 "report_html": "{out}/r.html"},
+    "convert": {
+        "model": "{model}",
+        "output": "{out}/o.onnx",
+        "plan_out": "{out}/plan.json",
+        "run_validate": True,
+        "speed": False,
+        "report_json": "{out}/r.json",
+        "report_html": "{out}/r.html",
+    },
+    "validate": {
+        "reference": "{model}",
+        "converted": "{model}",
+        "speed": False,
+        "report_json": "{out}/r.json",
+        "report_html": "{out}/r.html",
+    },
     "lint": {"models": "{model}", "output": "{out}/lint.txt"},
-    "check": {"model": "{model}", "output": "{out}/o.onnx", "speed": False, "report_json": "{out}/r.json",
-              "report_html": "{out}/r.html", "sarif": "{out}/s.sarif"},
+    "check": {
+        "model": "{model}",
+        "output": "{out}/o.onnx",
+        "speed": False,
+        "report_json": "{out}/r.json",
+        "report_html": "{out}/r.html",
+        "sarif": "{out}/s.sarif",
+    },
     "explain": {"model": "{model}", "node": "fc"},
     "rules": {},
 }
@@ -236,7 +333,7 @@ def argv(command: str, values: dict) -> list[str]:
                 options.append(p.opts[0])
             elif value is False:
                 options.append(p.secondary_opts[0])
-            else:                       # a hostile value given to a flag
+            else:  # a hostile value given to a flag
                 options.append(value)
         else:
             options += [p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0], value]
@@ -248,11 +345,12 @@ def cases():
         for p in params(command):
             entry = HOSTILE.get(command, {}).get(p.name)
             if entry is None:
-                continue       # reported by test_every_option_has_hostile_values
+                continue  # reported by test_every_option_has_hostile_values
             if entry == NO_VALUE:
                 long = next(o for o in p.opts if o.startswith("--"))
-                yield pytest.param(command, p.name, "value_given_to_a_flag", f"{long}=abc",
-                                   id=f"{command}-{p.name}-flag=abc")
+                yield pytest.param(
+                    command, p.name, "value_given_to_a_flag", f"{long}=abc", id=f"{command}-{p.name}-flag=abc"
+                )
                 continue
             for kind, values in entry.items():
                 if isinstance(values, Valid):
@@ -275,8 +373,9 @@ def test_every_option_has_hostile_values():
             entry = table.get(p.name)
             label = f"{command} {'/'.join(p.opts) if isinstance(p, click.Option) else p.name.upper()}"
             if entry is None:
-                problems.append(f"{label}: no hostile values; add HOSTILE[{command!r}][{p.name!r}] in "
-                                f"tests/test_hostile_options.py")
+                problems.append(
+                    f"{label}: no hostile values; add HOSTILE[{command!r}][{p.name!r}] in tests/test_hostile_options.py"
+                )
                 continue
             kind = kind_of(p)
             if kind == "flag":
@@ -288,8 +387,10 @@ def test_every_option_has_hostile_values():
                 continue
             for required in REQUIRED[kind]:
                 if required not in entry:
-                    problems.append(f"{label} ({kind}): add a hostile '{required}' value, or Valid('why') if that "
-                                    "kind of value is legitimate")
+                    problems.append(
+                        f"{label} ({kind}): add a hostile '{required}' value, or Valid('why') if that "
+                        "kind of value is legitimate"
+                    )
         for stale in set(table) - names:
             problems.append(f"HOSTILE[{command!r}][{stale!r}] names no option of {command}: remove it")
     for command in set(cli.commands) - set(COMMANDS):
@@ -301,13 +402,26 @@ def test_every_option_has_hostile_values():
 def fixture_files(tmp_path_factory):
     """Read-only inputs shared by every case (the tests check that they stay unchanged)."""
     root = tmp_path_factory.mktemp("hostile")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
-             helper.make_node("Softmax", ["h"], ["y"], name="softmax")]
-    m = model(nodes, [tensor("x", F32, ["batch", 8])], [tensor("y", F32, ["batch", 8])],
-              [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
-    files = {"model": root / "m.onnx", "dir": root / "empty_dir", "missing": root / "missing.onnx",
-             "text": root / "notes.txt", "bad_rules": root / "bad_rules.toml",
-             "bad_config": root / "bad_config.toml", "npz_text": root / "text.npz", "npz_rank": root / "rank.npz"}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("Softmax", ["h"], ["y"], name="softmax"),
+    ]
+    m = model(
+        nodes,
+        [tensor("x", F32, ["batch", 8])],
+        [tensor("y", F32, ["batch", 8])],
+        [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
+    files = {
+        "model": root / "m.onnx",
+        "dir": root / "empty_dir",
+        "missing": root / "missing.onnx",
+        "text": root / "notes.txt",
+        "bad_rules": root / "bad_rules.toml",
+        "bad_config": root / "bad_config.toml",
+        "npz_text": root / "text.npz",
+        "npz_rank": root / "rank.npz",
+    }
     onnx.save(m, files["model"])
     files["dir"].mkdir()
     files["text"].write_text("not a model, not a report\n")

@@ -27,13 +27,29 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = sorted((ROOT / "examples" / "models").glob("*.onnx"))
 BERT = ROOT / "examples" / "models" / "bert_tiny.onnx"
 F32, F16, BF16 = H.F32, H.F16, H.BF16
-FP16_TINY = 2.0 ** -25     # nonzero magnitudes below this become 0 in fp16
+FP16_TINY = 2.0**-25  # nonzero magnitudes below this become 0 in fp16
 
 
 # ---- catalog -----------------------------------------------------------------------------
 def test_catalog_has_the_checks_under_test():
-    for code in ("AC101", "AC102", "AC103", "AC104", "AC105", "AC201", "AC202", "AC203", "AC204", "AC301",
-                 "AC302", "AC303", "AC401", "AC402", "AC403", "AC901"):
+    for code in (
+        "AC101",
+        "AC102",
+        "AC103",
+        "AC104",
+        "AC105",
+        "AC201",
+        "AC202",
+        "AC203",
+        "AC204",
+        "AC301",
+        "AC302",
+        "AC303",
+        "AC401",
+        "AC402",
+        "AC403",
+        "AC901",
+    ):
         assert code in L.CATALOG
     assert "EyeLike" in L.CATALOG["AC401"].params["ops"]
     assert "Mean" in L.CATALOG["AC401"].params["ops"]
@@ -48,10 +64,22 @@ OP_FAMILY = [
     ("AC101", "Softmax", "", (2, 8), {"axis": -1}, ()),
     ("AC101", "LogSoftmax", "", (2, 8), {"axis": -1}, ()),
     ("AC101", "BiasSoftmax", "com.microsoft", (2, 8), {"axis": 1}, (("bias", np.zeros((2, 8))),)),
-    ("AC102", "LayerNormalization", "", (2, 8), {"axis": -1, "epsilon": 1e-5},
-     (("gamma", np.ones(8)), ("beta", np.zeros(8)))),
-    ("AC102", "BatchNormalization", "", (2, 8), {},
-     (("scale", np.ones(8)), ("bias", np.zeros(8)), ("mean", np.zeros(8)), ("var", np.ones(8)))),
+    (
+        "AC102",
+        "LayerNormalization",
+        "",
+        (2, 8),
+        {"axis": -1, "epsilon": 1e-5},
+        (("gamma", np.ones(8)), ("beta", np.zeros(8))),
+    ),
+    (
+        "AC102",
+        "BatchNormalization",
+        "",
+        (2, 8),
+        {},
+        (("scale", np.ones(8)), ("bias", np.zeros(8)), ("mean", np.zeros(8)), ("var", np.ones(8))),
+    ),
     ("AC102", "InstanceNormalization", "", (2, 8, 4), {}, (("scale", np.ones(8)), ("bias", np.zeros(8)))),
     ("AC103", "ReduceSum", "", (2, 8), {"keepdims": 1}, ()),
     ("AC103", "ReduceMean", "", (2, 8), {"axes": [-1]}, ()),
@@ -72,8 +100,9 @@ OP_FAMILY = [
 def _op_model(case, low):
     _code, op, domain, shape, attrs, extras = case
     opsets = [(domain, 1)] if domain else ()
-    return L.wrap_op(op, shape=shape, attrs=attrs, domain=domain, extras=extras, low=low, name=f"n/{op}",
-                     extra_opsets=opsets)
+    return L.wrap_op(
+        op, shape=shape, attrs=attrs, domain=domain, extras=extras, low=low, name=f"n/{op}", extra_opsets=opsets
+    )
 
 
 @pytest.mark.parametrize("case", OP_FAMILY, ids=[f"{c[0]}-{c[1]}" for c in OP_FAMILY])
@@ -108,19 +137,31 @@ def test_ac401_add_in_fp16_is_fine():
 
 
 def test_ac101_inside_an_if_body_names_the_subgraph():
-    then_g = helper.make_graph([helper.make_node("Softmax", ["x"], ["t"], name="inner_softmax", axis=-1)],
-                               "then", [], [H.tensor("t", F16, [2, 8])])
-    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="inner_identity")],
-                               "else", [], [H.tensor("e", F16, [2, 8])])
-    nodes = [helper.make_node("If", ["c"], ["r"], name="branch", then_branch=then_g, else_branch=else_g),
-             helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32)]
-    m = H.model(nodes, [H.tensor("c", TensorProto.BOOL, []), H.tensor("x", F16, [2, 8])],
-                [H.tensor("y", F32, [2, 8])])
+    then_g = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["t"], name="inner_softmax", axis=-1)],
+        "then",
+        [],
+        [H.tensor("t", F16, [2, 8])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"], name="inner_identity")], "else", [], [H.tensor("e", F16, [2, 8])]
+    )
+    nodes = [
+        helper.make_node("If", ["c"], ["r"], name="branch", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
+    ]
+    m = H.model(nodes, [H.tensor("c", TensorProto.BOOL, []), H.tensor("x", F16, [2, 8])], [H.tensor("y", F32, [2, 8])])
     H.check(m)
     diags = L.findings(m, "AC101")
     assert len(diags) == 1
-    L.assert_diag(diags[0], "AC101", node="inner_softmax", op_type="Softmax", graph="main/branch.then_branch",
-                  words=("Softmax", "fp16"))
+    L.assert_diag(
+        diags[0],
+        "AC101",
+        node="inner_softmax",
+        op_type="Softmax",
+        graph="main/branch.then_branch",
+        words=("Softmax", "fp16"),
+    )
     assert diags[0].node_index == 0
 
 
@@ -188,7 +229,7 @@ def test_ac201_fp16_constant_that_overflowed_to_inf():
     assert d.value is None or math.isinf(d.value)
 
 
-@pytest.mark.parametrize("c", [1e5, 65520.0])   # 65520 is the first value that rounds to inf in fp16
+@pytest.mark.parametrize("c", [1e5, 65520.0])  # 65520 is the first value that rounds to inf in fp16
 def test_ac201_fp32_constant_cast_to_fp16(c):
     m = _scaled("fp32-cast", c)
     diags = L.findings(m, "AC201")
@@ -199,8 +240,9 @@ def test_ac201_fp32_constant_cast_to_fp16(c):
     assert d.tensor == "c32"
 
 
-@pytest.mark.parametrize("storage,c", [("fp16", 1e4), ("fp16", 65504.0), ("fp32-cast", 6e4), ("fp32-cast", 65519.0),
-                                       ("fp32-compute", 1e5)])
+@pytest.mark.parametrize(
+    "storage,c", [("fp16", 1e4), ("fp16", 65504.0), ("fp32-cast", 6e4), ("fp32-cast", 65519.0), ("fp32-compute", 1e5)]
+)
 def test_ac201_good(storage, c):
     m = _scaled(storage, c)
     result = L.run_check(m, "AC201")
@@ -212,12 +254,16 @@ def test_ac201_good(storage, c):
 def _weights(w32, cast=True):
     """x (fp16) @ W; W is an fp32 initializer cast to fp16 (cast=True) or used by an fp32 MatMul."""
     if cast:
-        nodes = [helper.make_node("Cast", ["w32"], ["w"], name="w_cast", to=F16),
-                 helper.make_node("MatMul", ["x", "w"], ["r"], name="mm"),
-                 helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32)]
+        nodes = [
+            helper.make_node("Cast", ["w32"], ["w"], name="w_cast", to=F16),
+            helper.make_node("MatMul", ["x", "w"], ["r"], name="mm"),
+            helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
+        ]
     else:
-        nodes = [helper.make_node("Cast", ["x"], ["x32"], name="to_fp32", to=F32),
-                 helper.make_node("MatMul", ["x32", "w32"], ["y"], name="mm")]
+        nodes = [
+            helper.make_node("Cast", ["x"], ["x32"], name="to_fp32", to=F32),
+            helper.make_node("MatMul", ["x32", "w32"], ["y"], name="mm"),
+        ]
     m = H.model(nodes, [H.tensor("x", F16, [2, 8])], [H.tensor("y", F32, [2, 8])], [H.init("w32", w32)])
     H.check(m)
     return m
@@ -237,9 +283,9 @@ def test_ac202_weights_that_flush_in_fp16():
 @pytest.mark.parametrize("cast", [True, False])
 def test_ac202_good(cast):
     w = np.full((8, 8), 1e-3, np.float32)
-    w[0, 0] = 0.0   # exact zeros do not flush
+    w[0, 0] = 0.0  # exact zeros do not flush
     if not cast:
-        w[1, :4] = 1e-9   # tiny values are fine in an fp32 MatMul
+        w[1, :4] = 1e-9  # tiny values are fine in an fp32 MatMul
     m = _weights(w, cast)
     result = L.run_check(m, "AC202")
     assert result.mode == "actual"
@@ -272,8 +318,16 @@ def test_ac203_attention_mask_in_fp16(mask, storage):
         assert d.tensor == tensor
 
 
-@pytest.mark.parametrize("mask,storage", [(-1e4, "fp16-constant"), (-1e4, "fp16-initializer"), (-1e4, "fp32-cast"),
-                                          (-3.4028235e38, "fp32-softmax"), (float("-inf"), "fp32-softmax")])
+@pytest.mark.parametrize(
+    "mask,storage",
+    [
+        (-1e4, "fp16-constant"),
+        (-1e4, "fp16-initializer"),
+        (-1e4, "fp32-cast"),
+        (-3.4028235e38, "fp32-softmax"),
+        (float("-inf"), "fp32-softmax"),
+    ],
+)
 def test_ac203_good(mask, storage):
     m = L.attention(mask, storage)
     H.check(m)
@@ -329,14 +383,25 @@ def test_ac204_naive_conversion_of_a_decomposed_layernorm():
     assert eps[0].severity == "error"
 
 
-@pytest.mark.parametrize("model", [
-    pytest.param(lambda: L.layernorm_fused(1e-5), id="fused-1e-5"),
-    pytest.param(lambda: L.layernorm_decomposed(1e-5), id="decomposed-1e-5"),
-    pytest.param(lambda: L.layernorm_decomposed(1e-5, eps_storage="cast"), id="decomposed-cast-1e-5"),
-    pytest.param(lambda: L.layernorm_decomposed(1e-12, dtype=F32, fp16_input=True), id="decomposed-fp32-1e-12"),
-    pytest.param(lambda: L.wrap_op("BatchNormalization", attrs={"epsilon": 1e-5}, name="bn", out_shape=(2, 8), extras=(
-        ("scale", np.ones(8)), ("bias", np.zeros(8)), ("mean", np.zeros(8)), ("var", np.ones(8)))), id="bn-1e-5"),
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param(lambda: L.layernorm_fused(1e-5), id="fused-1e-5"),
+        pytest.param(lambda: L.layernorm_decomposed(1e-5), id="decomposed-1e-5"),
+        pytest.param(lambda: L.layernorm_decomposed(1e-5, eps_storage="cast"), id="decomposed-cast-1e-5"),
+        pytest.param(lambda: L.layernorm_decomposed(1e-12, dtype=F32, fp16_input=True), id="decomposed-fp32-1e-12"),
+        pytest.param(
+            lambda: L.wrap_op(
+                "BatchNormalization",
+                attrs={"epsilon": 1e-5},
+                name="bn",
+                out_shape=(2, 8),
+                extras=(("scale", np.ones(8)), ("bias", np.zeros(8)), ("mean", np.zeros(8)), ("var", np.ones(8))),
+            ),
+            id="bn-1e-5",
+        ),
+    ],
+)
 def test_ac204_good(model):
     m = model()
     H.check(m)
@@ -347,9 +412,11 @@ def test_ac204_good(model):
 
 # ---- AC301: lossy round trips ------------------------------------------------------------
 def _round_trip(low_type=F16):
-    nodes = [helper.make_node("Cast", ["x"], ["h"], name="to_half", to=low_type),
-             helper.make_node("Cast", ["h"], ["x2"], name="to_float", to=F32),
-             helper.make_node("Softmax", ["x2"], ["y"], name="sm", axis=-1)]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], name="to_half", to=low_type),
+        helper.make_node("Cast", ["h"], ["x2"], name="to_float", to=F32),
+        helper.make_node("Softmax", ["x2"], ["y"], name="sm", axis=-1),
+    ]
     m = H.model(nodes, [H.tensor("x", F32, [2, 8])], [H.tensor("y", F32, [2, 8])])
     H.check(m)
     return m
@@ -366,11 +433,14 @@ def test_ac301_round_trip(low_type, word):
 
 
 def test_ac301_cast_feeding_an_fp16_matmul_is_fine():
-    nodes = [helper.make_node("Cast", ["x"], ["h"], name="to_half", to=F16),
-             helper.make_node("MatMul", ["h", "w"], ["r"], name="mm"),
-             helper.make_node("Cast", ["r"], ["y"], name="to_float", to=F32)]
-    m = H.model(nodes, [H.tensor("x", F32, [2, 8])], [H.tensor("y", F32, [2, 8])],
-                [H.init("w", np.ones((8, 8), np.float16))])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], name="to_half", to=F16),
+        helper.make_node("MatMul", ["h", "w"], ["r"], name="mm"),
+        helper.make_node("Cast", ["r"], ["y"], name="to_float", to=F32),
+    ]
+    m = H.model(
+        nodes, [H.tensor("x", F32, [2, 8])], [H.tensor("y", F32, [2, 8])], [H.init("w", np.ones((8, 8), np.float16))]
+    )
     H.check(m)
     result = L.run_check(m, "AC301")
     assert result.mode == "actual"
@@ -402,11 +472,18 @@ def test_ac302_fp32_output_is_fine():
 
 # ---- AC303: unknown tensor types ---------------------------------------------------------
 def _custom(with_value_info):
-    nodes = [helper.make_node("Foo", ["x"], ["t"], name="foo", domain="my.domain"),
-             helper.make_node("Cast", ["t"], ["y"], name="cast", to=F32)]
+    nodes = [
+        helper.make_node("Foo", ["x"], ["t"], name="foo", domain="my.domain"),
+        helper.make_node("Cast", ["t"], ["y"], name="cast", to=F32),
+    ]
     vi = [H.tensor("t", F16, [2, 8])] if with_value_info else []
-    return H.model(nodes, [H.tensor("x", F16, [2, 8])], [H.tensor("y", F32, [2, 8])],
-                   extra_opsets=[("my.domain", 1)], value_info=vi)
+    return H.model(
+        nodes,
+        [H.tensor("x", F16, [2, 8])],
+        [H.tensor("y", F32, [2, 8])],
+        extra_opsets=[("my.domain", 1)],
+        value_info=vi,
+    )
 
 
 def test_ac303_custom_op_without_value_info():
@@ -435,10 +512,16 @@ def test_ac402_conv_unaligned():
 
 
 def test_ac402_gemm_trans_b_uses_the_right_dimension():
-    nodes = [helper.make_node("Gemm", ["x", "w"], ["r"], name="gemm", transB=1),
-             helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32)]
-    m = H.model(nodes, [H.tensor("x", F16, [2, 64])], [H.tensor("y", F32, [2, 60])],
-                [H.init("w", np.ones((60, 64), np.float16))])
+    nodes = [
+        helper.make_node("Gemm", ["x", "w"], ["r"], name="gemm", transB=1),
+        helper.make_node("Cast", ["r"], ["y"], name="to_output", to=F32),
+    ]
+    m = H.model(
+        nodes,
+        [H.tensor("x", F16, [2, 64])],
+        [H.tensor("y", F32, [2, 60])],
+        [H.init("w", np.ones((60, 64), np.float16))],
+    )
     H.check(m)
     diags = L.findings(m, "AC402")
     assert len(diags) == 1
@@ -446,10 +529,13 @@ def test_ac402_gemm_trans_b_uses_the_right_dimension():
     assert "K=" not in diags[0].message
 
 
-@pytest.mark.parametrize("model", [
-    pytest.param(lambda: L.matmul_weight(64, 64), id="matmul-64x64"),
-    pytest.param(lambda: L.conv_weight(32, 8, 3, 3), id="conv-32x8x3x3"),
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param(lambda: L.matmul_weight(64, 64), id="matmul-64x64"),
+        pytest.param(lambda: L.conv_weight(32, 8, 3, 3), id="conv-32x8x3x3"),
+    ],
+)
 def test_ac402_aligned_is_fine(model):
     m = model()
     H.check(m)
@@ -460,7 +546,7 @@ def test_ac402_aligned_is_fine(model):
 
 # ---- AC403: deep reductions --------------------------------------------------------------
 def test_ac403_matmul_deep_k():
-    k = L.CATALOG["AC403"].params["max_depth"] + 808   # 9000
+    k = L.CATALOG["AC403"].params["max_depth"] + 808  # 9000
     m = L.matmul_weight(k, 8)
     diags = L.findings(m, "AC403")
     assert len(diags) == 1
@@ -469,7 +555,7 @@ def test_ac403_matmul_deep_k():
 
 
 def test_ac403_conv_depth_is_c_in_times_kernel():
-    m = L.conv_weight(8, 1024, 3, 3)   # 1024 * 3 * 3 = 9216 products per output
+    m = L.conv_weight(8, 1024, 3, 3)  # 1024 * 3 * 3 = 9216 products per output
     diags = L.findings(m, "AC403")
     assert len(diags) == 1
     L.assert_diag(diags[0], "AC403", node="conv", op_type="Conv", words=("9216",))
@@ -491,8 +577,11 @@ def test_full_selection_on_a_naive_fp16_attention():
     assert result.mode == "actual" and result.precision == "fp16"
     assert "AC901" in result.checks and len(result.checks) == len(L.CATALOG)
     found = sorted((d.code, d.node, d.severity) for d in result.diagnostics)
-    assert found == [("AC101", "attn/softmax", "error"), ("AC201", "attn/mask_where", "error"),
-                     ("AC203", "attn/mask_where", "error")]
+    assert found == [
+        ("AC101", "attn/softmax", "error"),
+        ("AC201", "attn/mask_where", "error"),
+        ("AC203", "attn/mask_where", "error"),
+    ]
     assert result.failed("error")
     assert result.suppressed == 0
 
@@ -556,10 +645,16 @@ def test_prospective_bert_tiny_findings_are_protected(bert_prospective):
 
 
 def _fp32_attention_head(name="head/softmax"):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="head/mm"),
-             helper.make_node("Softmax", ["s"], ["y"], name=name, axis=-1)]
-    m = H.model(nodes, [H.tensor("x", F32, [2, 8])], [H.tensor("y", F32, [2, 8])],
-                [H.init("w", np.full((8, 8), 0.1, np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["s"], name="head/mm"),
+        helper.make_node("Softmax", ["s"], ["y"], name=name, axis=-1),
+    ]
+    m = H.model(
+        nodes,
+        [H.tensor("x", F32, [2, 8])],
+        [H.tensor("y", F32, [2, 8])],
+        [H.init("w", np.full((8, 8), 0.1, np.float32))],
+    )
     H.check(m)
     return m
 
@@ -567,8 +662,15 @@ def _fp32_attention_head(name="head/softmax"):
 def test_prospective_protected_by_default_rules():
     diags = L.findings(_fp32_attention_head(), "AC101")
     assert len(diags) == 1
-    L.assert_diag(diags[0], "AC101", node="head/softmax", op_type="Softmax", severity="info", protected=True,
-                  words=("would be computed in fp16", "keep this fp32"))
+    L.assert_diag(
+        diags[0],
+        "AC101",
+        node="head/softmax",
+        op_type="Softmax",
+        severity="info",
+        protected=True,
+        words=("would be computed in fp16", "keep this fp32"),
+    )
 
 
 @pytest.mark.parametrize("category", ["follow", "low_precision"])
@@ -576,35 +678,54 @@ def test_prospective_unprotected_keeps_catalog_severity(tmp_path, category):
     rules = tmp_path / "softmax_low.toml"
     rules.write_text(f'[ops.{category}]\nSoftmax = "test: let softmax go low"\n')
     converted = autocast_onnx.convert(_fp32_attention_head(), rules=[str(rules)])
-    assert H.precision(converted, "head/softmax") != "fp32"   # the rule file really moves it low
+    assert H.precision(converted, "head/softmax") != "fp32"  # the rule file really moves it low
     diags = L.findings(_fp32_attention_head(), "AC101", rules=[str(rules)])
     assert len(diags) == 1
-    L.assert_diag(diags[0], "AC101", node="head/softmax", op_type="Softmax", severity="error", protected=False,
-                  words=("would be computed in fp16", "would NOT protect"))
+    L.assert_diag(
+        diags[0],
+        "AC101",
+        node="head/softmax",
+        op_type="Softmax",
+        severity="error",
+        protected=False,
+        words=("would be computed in fp16", "would NOT protect"),
+    )
 
 
 def test_prospective_deep_matmul_is_not_protected():
     k = 9000
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
-    m = H.model(nodes, [H.tensor("x", F32, [2, k])], [H.tensor("y", F32, [2, 8])],
-                [H.init("w", np.full((k, 8), 0.01, np.float32))])
+    m = H.model(
+        nodes,
+        [H.tensor("x", F32, [2, k])],
+        [H.tensor("y", F32, [2, 8])],
+        [H.init("w", np.full((k, 8), 0.01, np.float32))],
+    )
     diags = L.findings(m, "AC403")
     assert len(diags) == 1
-    L.assert_diag(diags[0], "AC403", node="mm", op_type="MatMul", severity="warning", protected=False,
-                  words=("9000", "would NOT protect"))
+    L.assert_diag(
+        diags[0],
+        "AC403",
+        node="mm",
+        op_type="MatMul",
+        severity="warning",
+        protected=False,
+        words=("9000", "would NOT protect"),
+    )
     assert diags[0].value == k
 
 
 @pytest.mark.parametrize("n_tiny,protected", [(1, False), (500, True)])
 def test_prospective_weight_flush_threshold(n_tiny, protected):
     w = np.ones((1000, 8), np.float32)
-    w.reshape(-1)[:n_tiny] = 1e-9     # max_flush_fraction = 0.01 decides whether MatMul stays fp32
+    w.reshape(-1)[:n_tiny] = 1e-9  # max_flush_fraction = 0.01 decides whether MatMul stays fp32
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
     m = H.model(nodes, [H.tensor("x", F32, [2, 1000])], [H.tensor("y", F32, [2, 8])], [H.init("w", w)])
     diags = L.findings(m, "AC202")
     assert len(diags) == 1
-    L.assert_diag(diags[0], "AC202", node="mm", op_type="MatMul", protected=protected,
-                  severity="info" if protected else "warning")
+    L.assert_diag(
+        diags[0], "AC202", node="mm", op_type="MatMul", protected=protected, severity="info" if protected else "warning"
+    )
     assert diags[0].value == pytest.approx(n_tiny / 8000)
 
 
@@ -764,9 +885,15 @@ def test_select_and_ignore_by_name():
     assert "AC101" not in L.codes(result)
 
 
-@pytest.mark.parametrize("options", [
-    {"select": ["AC7"]}, {"select": ["no-such-check"]}, {"ignore": ["AC999"]}, {"select": ["AC1", "softmax"]},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"select": ["AC7"]},
+        {"select": ["no-such-check"]},
+        {"ignore": ["AC999"]},
+        {"select": ["AC1", "softmax"]},
+    ],
+)
 def test_selector_matching_no_check_is_refused(options):
     with pytest.raises(AutocastError, match="selects no check"):
         lint(_softmax_model(), LintOptions(**options))

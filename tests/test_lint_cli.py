@@ -30,11 +30,11 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import F16, F32, init, model, tensor
 from onnx import helper
 
 import autocast_onnx
 from autocast_onnx.cli.main import cli
-from helpers import F16, F32, init, model, tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -51,6 +51,7 @@ SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 # ---- models -------------------------------------------------------------------------------
 
+
 def masked_softmax_model():
     """An fp16 attention-score block with one finding of each kind the golden files show:
     Softmax in fp16 (AC101), a -3.4e38 mask constant cast to fp16 (AC201, AC203), an fp16
@@ -58,12 +59,15 @@ def masked_softmax_model():
     weight = (np.arange(144, dtype=np.float32).reshape(12, 12) / 144.0 - 0.5).astype(np.float16)
     mask = np.zeros((1, 12), dtype=np.float32)
     mask[0, 8:] = np.finfo(np.float32).min
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
-             helper.make_node("Cast", ["mask"], ["mask16"], name="mask_cast", to=F16),
-             helper.make_node("Add", ["h", "mask16"], ["scores"], name="add_mask"),
-             helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1)]
-    return model(nodes, [tensor("x", F16, [2, 12])], [tensor("probs", F16, [2, 12])],
-                 [init("w", weight), init("mask", mask)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+        helper.make_node("Cast", ["mask"], ["mask16"], name="mask_cast", to=F16),
+        helper.make_node("Add", ["h", "mask16"], ["scores"], name="add_mask"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+    ]
+    return model(
+        nodes, [tensor("x", F16, [2, 12])], [tensor("probs", F16, [2, 12])], [init("w", weight), init("mask", mask)]
+    )
 
 
 def save(m, path) -> Path:
@@ -74,12 +78,20 @@ def save(m, path) -> Path:
 def mlp_with_huge_activations():
     """x (fp32) -> fc1 (weights 100) -> relu -> fc2: with x = 100 the hidden values are 8e4."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-             helper.make_node("Relu", ["h"], ["a"], name="relu"),
-             helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2")]
-    return model(nodes, [tensor("x", F32, [4, 8])], [tensor("y", F32, [4, 8])],
-                 [init("w1", np.full((8, 16), 100.0, dtype=np.float32)),
-                  init("w2", (rng.standard_normal((16, 8)) * 0.01).astype(np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["a"], name="relu"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2"),
+    ]
+    return model(
+        nodes,
+        [tensor("x", F32, [4, 8])],
+        [tensor("y", F32, [4, 8])],
+        [
+            init("w1", np.full((8, 16), 100.0, dtype=np.float32)),
+            init("w2", (rng.standard_normal((16, 8)) * 0.01).astype(np.float32)),
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +121,7 @@ def isolated_cwd(tmp_path, monkeypatch):
 
 # ---- running the command line ---------------------------------------------------------------
 
+
 def invoke(*args):
     """In process; result.stdout and result.stderr are separate."""
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
@@ -117,8 +130,13 @@ def invoke(*args):
 def cli_proc(*args, cwd):
     """As a process, from `cwd` (configuration discovery starts there)."""
     env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]], cwd=cwd,
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 @contextlib.contextmanager
@@ -164,6 +182,7 @@ def assert_one_error_line(stderr: str, *fragments) -> str:
 
 # ---- golden reports ---------------------------------------------------------------------------
 
+
 def normalize(text: str, model_path: Path) -> str:
     text = text.replace(str(model_path), "<MODEL>")
     # the tool's version follows its name in both the JSON report ("tool") and SARIF ("driver")
@@ -180,7 +199,7 @@ def test_golden_report(fmt, golden, masked):
     path = GOLDEN / golden
     if UPDATE_GOLDEN:
         path.parent.mkdir(exist_ok=True)
-        path.write_text(text, encoding="utf-8")   # refresh mode: rewrite, then compare as usual
+        path.write_text(text, encoding="utf-8")  # refresh mode: rewrite, then compare as usual
     assert path.is_file(), f"{path} is missing: run with AUTOCAST_ONNX_UPDATE_GOLDEN=1 to create it"
     assert text == path.read_text(encoding="utf-8")
 
@@ -211,6 +230,7 @@ def test_output_file_holds_the_same_report(masked, tmp_path):
 
 
 # ---- SARIF ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sarif_validator():
@@ -263,7 +283,10 @@ def test_sarif_of_an_fp16_model_is_valid_and_locates_findings(masked, sarif_vali
     assert [r["level"] for r in run["results"]] == ["error", "error", "error", "warning", "note"]
     by_rule = {r["ruleId"]: r for r in run["results"]}
     assert by_rule["AC101"]["locations"][0]["logicalLocations"][0] == {
-        "name": "softmax", "fullyQualifiedName": "main::softmax", "kind": "object"}
+        "name": "softmax",
+        "fullyQualifiedName": "main::softmax",
+        "kind": "object",
+    }
     assert by_rule["AC203"]["properties"]["tensor"] == "mask"
     assert by_rule["AC203"]["properties"]["value"] == pytest.approx(float(np.finfo(np.float32).min))
 
@@ -293,6 +316,7 @@ def test_sarif_without_findings_is_valid(resnet16, sarif_validator):
 
 
 # ---- JSON report schema ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def lint_schema():
@@ -365,6 +389,7 @@ def _mutations():
             for p in path[:-1]:
                 node = node[p]
             node[path[-1]] = value
+
         return mutate
 
     return {
@@ -396,15 +421,20 @@ def test_reports_are_standard_json_even_for_an_infinite_mask(tmp_path, sarif_val
     # (GitHub code scanning, jq, JavaScript) reject.
     mask = np.zeros((1, 8), dtype=np.float32)
     mask[0, 4:] = -np.inf
-    nodes = [helper.make_node("Cast", ["mask"], ["mask16"], name="mask_cast", to=F16),
-             helper.make_node("Add", ["x", "mask16"], ["scores"], name="add_mask"),
-             helper.make_node("Softmax", ["scores"], ["probs"], name="softmax")]
-    path = save(model(nodes, [tensor("x", F16, [2, 8])], [tensor("probs", F16, [2, 8])], [init("mask", mask)]),
-                tmp_path / "inf_mask.onnx")
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["mask16"], name="mask_cast", to=F16),
+        helper.make_node("Add", ["x", "mask16"], ["scores"], name="add_mask"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="softmax"),
+    ]
+    path = save(
+        model(nodes, [tensor("x", F16, [2, 8])], [tensor("probs", F16, [2, 8])], [init("mask", mask)]),
+        tmp_path / "inf_mask.onnx",
+    )
 
     def strict(text):
         def reject(token):
             raise ValueError(f"non-standard JSON token {token}")
+
         return json.loads(text, parse_constant=reject)
 
     for fmt in ("json", "sarif"):
@@ -416,6 +446,7 @@ def test_reports_are_standard_json_even_for_an_infinite_mask(tmp_path, sarif_val
 
 
 # ---- exit codes -------------------------------------------------------------------------------------
+
 
 def test_exit_0_for_a_converted_example_model(resnet16):
     result = invoke("lint", resnet16)
@@ -431,11 +462,20 @@ def test_exit_1_for_softmax_in_fp16(tmp_path):
     assert "softmax (Softmax): Softmax computed in fp16" in result.stdout
 
 
-@pytest.mark.parametrize("select, fail_on, expected", [
-    ("AC302", None, 0), ("AC302", "error", 0), ("AC302", "warning", 1), ("AC302", "info", 1),
-    ("AC402", None, 0), ("AC402", "warning", 0), ("AC402", "info", 1),
-    ("AC101", None, 1), ("AC101", "info", 1),
-])
+@pytest.mark.parametrize(
+    "select, fail_on, expected",
+    [
+        ("AC302", None, 0),
+        ("AC302", "error", 0),
+        ("AC302", "warning", 1),
+        ("AC302", "info", 1),
+        ("AC402", None, 0),
+        ("AC402", "warning", 0),
+        ("AC402", "info", 1),
+        ("AC101", None, 1),
+        ("AC101", "info", 1),
+    ],
+)
 def test_fail_on_sets_the_lowest_failing_severity(masked, select, fail_on, expected):
     args = ["lint", masked, "--select", select] + (["--fail-on", fail_on] if fail_on else [])
     assert invoke(*args).exit_code == expected
@@ -465,16 +505,19 @@ def test_input_and_usage_errors_exit_2_with_one_line(masked, tmp_path):
         assert proc.stdout == ""
 
 
-@pytest.mark.parametrize("name, text, fragments", [
-    ("invalid TOML", "select = [\n", ["autocast-onnx.toml", "invalid TOML"]),
-    ("unknown key", 'selct = ["AC1"]\n', ["autocast-onnx.toml", "unknown key 'selct'"]),
-    ("bad fail-on", 'fail-on = "fatal"\n', ["autocast-onnx.toml", "fail-on must be one of"]),
-    ("select not a list", 'select = "AC1"\n', ["autocast-onnx.toml", "select must be a list of non-empty strings"]),
-    ("bad threshold", 'atol = "small"\n', ["autocast-onnx.toml", "atol must be a finite number"]),
-    ("bad suppress entry", 'suppress = [{ node = "x" }]\n', ["autocast-onnx.toml", "suppress must be a list"]),
-    ("bad suppress regex", 'suppress = [{ code = "AC101", node = "(" }]\n', ["autocast-onnx.toml", "bad regex"]),
-    ("select nothing", 'select = ["XYZ999"]\n', ["'XYZ999' selects no check"]),
-])
+@pytest.mark.parametrize(
+    "name, text, fragments",
+    [
+        ("invalid TOML", "select = [\n", ["autocast-onnx.toml", "invalid TOML"]),
+        ("unknown key", 'selct = ["AC1"]\n', ["autocast-onnx.toml", "unknown key 'selct'"]),
+        ("bad fail-on", 'fail-on = "fatal"\n', ["autocast-onnx.toml", "fail-on must be one of"]),
+        ("select not a list", 'select = "AC1"\n', ["autocast-onnx.toml", "select must be a list of non-empty strings"]),
+        ("bad threshold", 'atol = "small"\n', ["autocast-onnx.toml", "atol must be a finite number"]),
+        ("bad suppress entry", 'suppress = [{ node = "x" }]\n', ["autocast-onnx.toml", "suppress must be a list"]),
+        ("bad suppress regex", 'suppress = [{ code = "AC101", node = "(" }]\n', ["autocast-onnx.toml", "bad regex"]),
+        ("select nothing", 'select = ["XYZ999"]\n', ["'XYZ999' selects no check"]),
+    ],
+)
 def test_bad_configuration_exits_2_with_one_line(name, text, fragments, masked, tmp_path):
     (tmp_path / "autocast-onnx.toml").write_text(text)
     proc = cli_in("lint", masked, cwd=tmp_path)
@@ -509,16 +552,23 @@ def test_several_models_in_one_call(masked, resnet16, tmp_path):
 
 # ---- select / ignore ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, expected_codes, expected_checks", [
-    (["--select", "AC101"], ["AC101"], ["AC101"]),
-    (["--select", "AC2"], ["AC201", "AC203"], ["AC201", "AC202", "AC203", "AC204"]),
-    (["--select", "softmax-in-low-precision"], ["AC101"], ["AC101"]),
-    (["--select", "AC101", "--select", "tensor-core-alignment"], ["AC101", "AC402"], ["AC101", "AC402"]),
-    (["--select", "AC2", "--ignore", "AC203"], ["AC201"], ["AC201", "AC202", "AC204"]),
-    (["--select", "AC2", "--ignore", "masking-constant"], ["AC201"], ["AC201", "AC202", "AC204"]),
-    (["--ignore", "AC1", "--ignore", "AC2", "--ignore", "AC9"], ["AC302", "AC402"],
-     ["AC301", "AC302", "AC303", "AC401", "AC402", "AC403"]),
-])
+
+@pytest.mark.parametrize(
+    "args, expected_codes, expected_checks",
+    [
+        (["--select", "AC101"], ["AC101"], ["AC101"]),
+        (["--select", "AC2"], ["AC201", "AC203"], ["AC201", "AC202", "AC203", "AC204"]),
+        (["--select", "softmax-in-low-precision"], ["AC101"], ["AC101"]),
+        (["--select", "AC101", "--select", "tensor-core-alignment"], ["AC101", "AC402"], ["AC101", "AC402"]),
+        (["--select", "AC2", "--ignore", "AC203"], ["AC201"], ["AC201", "AC202", "AC204"]),
+        (["--select", "AC2", "--ignore", "masking-constant"], ["AC201"], ["AC201", "AC202", "AC204"]),
+        (
+            ["--ignore", "AC1", "--ignore", "AC2", "--ignore", "AC9"],
+            ["AC302", "AC402"],
+            ["AC301", "AC302", "AC303", "AC401", "AC402", "AC403"],
+        ),
+    ],
+)
 def test_select_and_ignore_by_code_prefix_and_name(masked, args, expected_codes, expected_checks):
     report = lint_json(masked, *args)
     assert codes(report) == expected_codes
@@ -531,6 +581,7 @@ def test_default_runs_every_check(masked):
 
 
 # ---- configuration ----------------------------------------------------------------------------------
+
 
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -552,7 +603,12 @@ def test_cli_flags_override_the_configuration(masked, tmp_path):
     assert cli_in("lint", masked, "--fail-on", "error", cwd=tmp_path).returncode == 0
     # --select beats select (the configuration's ignore still applies); --ignore beats ignore
     assert checks_in_force(masked, tmp_path, "--select", "AC1", process=False) == [
-        "AC101", "AC102", "AC103", "AC104", "AC105"]
+        "AC101",
+        "AC102",
+        "AC103",
+        "AC104",
+        "AC105",
+    ]
     assert checks_in_force(masked, tmp_path, "--ignore", "AC401", process=False) == ["AC402", "AC403"]
 
 
@@ -601,8 +657,10 @@ def test_unknown_key_in_pyproject_names_the_file_and_table(masked, tmp_path):
 
 
 def test_config_suppressions_hide_findings_and_unused_ones_are_reported(masked, tmp_path):
-    config = write(tmp_path / "autocast-onnx.toml",
-                   'suppress = [\n  { code = "AC2", node = "^mask_" },\n  { code = "AC104", node = "." },\n]\n')
+    config = write(
+        tmp_path / "autocast-onnx.toml",
+        'suppress = [\n  { code = "AC2", node = "^mask_" },\n  { code = "AC104", node = "." },\n]\n',
+    )
     proc = cli_proc("lint", masked, "--format", "json", cwd=tmp_path)
     assert proc.returncode == 1  # AC101 still fails
     report = json.loads(proc.stdout)
@@ -616,8 +674,10 @@ def test_config_suppressions_hide_findings_and_unused_ones_are_reported(masked, 
     # a warning (the unused suppression) fails with --fail-on warning once AC101 is suppressed too
     write(config, 'suppress = [{ code = "AC101" }, { code = "AC104", node = "." }]\n')
     assert cli_in("lint", masked, "--select", "AC1", "--select", "AC9", cwd=tmp_path).returncode == 0
-    assert cli_in("lint", masked, "--select", "AC1", "--select", "AC9", "--fail-on", "warning",
-                  cwd=tmp_path).returncode == 1
+    assert (
+        cli_in("lint", masked, "--select", "AC1", "--select", "AC9", "--fail-on", "warning", cwd=tmp_path).returncode
+        == 1
+    )
 
 
 def test_suppression_by_check_name(masked, tmp_path):
@@ -650,6 +710,7 @@ def test_node_metadata_suppresses_findings_of_that_node(tmp_path):
 
 # ---- rules ---------------------------------------------------------------------------------------
 
+
 def test_rules_lists_every_check():
     catalog = json.loads(invoke("rules", "--format", "json").stdout)
     text = invoke("rules").stdout
@@ -660,6 +721,7 @@ def test_rules_lists_every_check():
 
 
 # ---- explain -----------------------------------------------------------------------------------
+
 
 def rule_line(op: str, category: str) -> int:
     """Line of `op = ...` in the [ops.<category>] table of rules/default.toml."""

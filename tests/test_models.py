@@ -9,16 +9,34 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import F16, F32, run
 
 import autocast_onnx
-from helpers import F16, F32, run
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
-KEEP_FP32_OPS = {"Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "InstanceNormalization",
-                 "GroupNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2",
-                 "ReduceLogSumExp", "ReduceSumSquare", "ReduceProd", "Exp", "Log", "Pow", "Sqrt", "Reciprocal",
-                 "CumSum"}
+KEEP_FP32_OPS = {
+    "Softmax",
+    "LogSoftmax",
+    "LayerNormalization",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+    "ReduceProd",
+    "Exp",
+    "Log",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "CumSum",
+}
 LOW_OPS = {"MatMul", "Conv", "Gemm"}
 
 
@@ -26,8 +44,8 @@ def feeds_for(name, rng):
     if name in ("bert_tiny", "gpt2_tiny"):
         ids = rng.integers(0, 1000, size=(3, 16), dtype=np.int64)
         mask = np.ones((3, 16), np.int64)
-        mask[1, 10:] = 0            # padded row
-        mask[2, 1:] = 0             # nearly fully masked row
+        mask[1, 10:] = 0  # padded row
+        mask[2, 1:] = 0  # nearly fully masked row
         feeds = {"input_ids": ids, "attention_mask": mask}
         if name == "bert_tiny":
             feeds["token_type_ids"] = (np.arange(16)[None, :] >= 8).astype(np.int64).repeat(3, 0)
@@ -40,8 +58,11 @@ def feeds_for(name, rng):
 def node_types(model):
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     g = inferred.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info) + list(g.output)
-             if vi.type.HasField("tensor_type")}
+    types = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in list(g.input) + list(g.value_info) + list(g.output)
+        if vi.type.HasField("tensor_type")
+    }
     types.update({t.name: t.data_type for t in g.initializer})
     return types
 
@@ -54,17 +75,19 @@ def converted(request):
 
 
 def test_converted_model_passes_full_checker_and_keeps_io(converted):
-    name, original, result = converted
+    _name, original, result = converted
     onnx.checker.check_model(result.model, full_check=True)
-    assert [(i.name, i.type.tensor_type.elem_type) for i in result.model.graph.input] == \
-           [(i.name, i.type.tensor_type.elem_type) for i in original.graph.input]
-    assert [(o.name, o.type.tensor_type.elem_type) for o in result.model.graph.output] == \
-           [(o.name, o.type.tensor_type.elem_type) for o in original.graph.output]
+    assert [(i.name, i.type.tensor_type.elem_type) for i in result.model.graph.input] == [
+        (i.name, i.type.tensor_type.elem_type) for i in original.graph.input
+    ]
+    assert [(o.name, o.type.tensor_type.elem_type) for o in result.model.graph.output] == [
+        (o.name, o.type.tensor_type.elem_type) for o in original.graph.output
+    ]
     assert result.model.opset_import == original.opset_import
 
 
 def test_categories_hold_in_the_converted_graph(converted):
-    name, _, result = converted
+    _name, _, result = converted
     types = node_types(result.model)
     low_seen = 0
     for node in result.model.graph.node:

@@ -23,11 +23,11 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import F32, init, model, tensor
 from onnx import helper
 
 import autocast_onnx.io as aio
 from autocast_onnx.errors import AutocastError
-from helpers import F32, init, model, tensor
 
 PREFIX = "autocast-onnx: error: "
 
@@ -77,17 +77,25 @@ def listing(folder: Path) -> dict:
         if stat.S_ISREG(st.st_mode):
             out[str(path.relative_to(folder))] = ("file", path.read_bytes())
         else:
-            out[str(path.relative_to(folder))] = (stat.filemode(st.st_mode)[0], os.readlink(path)
-                                                  if path.is_symlink() else None)
+            out[str(path.relative_to(folder))] = (
+                stat.filemode(st.st_mode)[0],
+                os.readlink(path) if path.is_symlink() else None,
+            )
     return out
 
 
 # ---- models and data -------------------------------------------------------------------------
 def tiny_model() -> onnx.ModelProto:
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
-             helper.make_node("Softmax", ["h"], ["y"], name="softmax")]
-    return model(nodes, [tensor("x", F32, ["batch", 8])], [tensor("y", F32, ["batch", 8])],
-                 [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("Softmax", ["h"], ["y"], name="softmax"),
+    ]
+    return model(
+        nodes,
+        [tensor("x", F32, ["batch", 8])],
+        [tensor("y", F32, ["batch", 8])],
+        [init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))],
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -155,24 +163,85 @@ def assert_fifo(path: Path) -> None:
 # name -> argv builder (model, out folder); every case names one file twice
 SAME_FILE = {
     "convert -o = --plan-out": lambda m, o: ["convert", m, "-o", o / "x.onnx", "--plan-out", o / "x.onnx"],
-    "convert --plan-out = data file of -o": lambda m, o: ["convert", m, "-o", o / "x.onnx",
-                                                          "--plan-out", o / "x.onnx.data"],
-    "convert --report-json = -o": lambda m, o: ["convert", m, "-o", o / "x.onnx", "--validate", "--no-speed",
-                                                "--report-json", o / "x.onnx"],
-    "convert --report-json = --plan-out": lambda m, o: ["convert", m, "-o", o / "x.onnx", "--plan-out", o / "r",
-                                                        "--validate", "--no-speed", "--report-json", o / "r"],
+    "convert --plan-out = data file of -o": lambda m, o: [
+        "convert",
+        m,
+        "-o",
+        o / "x.onnx",
+        "--plan-out",
+        o / "x.onnx.data",
+    ],
+    "convert --report-json = -o": lambda m, o: [
+        "convert",
+        m,
+        "-o",
+        o / "x.onnx",
+        "--validate",
+        "--no-speed",
+        "--report-json",
+        o / "x.onnx",
+    ],
+    "convert --report-json = --plan-out": lambda m, o: [
+        "convert",
+        m,
+        "-o",
+        o / "x.onnx",
+        "--plan-out",
+        o / "r",
+        "--validate",
+        "--no-speed",
+        "--report-json",
+        o / "r",
+    ],
     "convert default -o = --plan-out": lambda m, o: ["convert", m, "--plan-out", m.with_name("m.fp16.onnx")],
-    "validate --report-json = --report-html": lambda m, o: ["validate", m, m, "--no-speed", "--report-json", o / "r",
-                                                            "--report-html", o / "r"],
-    "validate by another spelling": lambda m, o: ["validate", m, m, "--no-speed", "--report-json", o / "r",
-                                                  "--report-html", o / "sub" / ".." / "r"],
+    "validate --report-json = --report-html": lambda m, o: [
+        "validate",
+        m,
+        m,
+        "--no-speed",
+        "--report-json",
+        o / "r",
+        "--report-html",
+        o / "r",
+    ],
+    "validate by another spelling": lambda m, o: [
+        "validate",
+        m,
+        m,
+        "--no-speed",
+        "--report-json",
+        o / "r",
+        "--report-html",
+        o / "sub" / ".." / "r",
+    ],
     "check -o = --sarif": lambda m, o: ["check", m, "--no-speed", "-o", o / "x.onnx", "--sarif", o / "x.onnx"],
-    "check --sarif = data file of -o": lambda m, o: ["check", m, "--no-speed", "-o", o / "x.onnx",
-                                                     "--sarif", o / "x.onnx.data"],
-    "check --report-json = --sarif": lambda m, o: ["check", m, "--no-speed", "--report-json", o / "r",
-                                                   "--sarif", o / "r"],
-    "check --report-json = --report-html": lambda m, o: ["check", m, "--no-speed", "--report-json", o / "r",
-                                                         "--report-html", o / "r"],
+    "check --sarif = data file of -o": lambda m, o: [
+        "check",
+        m,
+        "--no-speed",
+        "-o",
+        o / "x.onnx",
+        "--sarif",
+        o / "x.onnx.data",
+    ],
+    "check --report-json = --sarif": lambda m, o: [
+        "check",
+        m,
+        "--no-speed",
+        "--report-json",
+        o / "r",
+        "--sarif",
+        o / "r",
+    ],
+    "check --report-json = --report-html": lambda m, o: [
+        "check",
+        m,
+        "--no-speed",
+        "--report-json",
+        o / "r",
+        "--report-html",
+        o / "r",
+    ],
 }
 
 
@@ -199,20 +268,36 @@ def test_two_outputs_that_are_one_file_through_a_link(tmp_path, m, out, command,
         if link == "symlink":
             target.write_text("old\n")
         alias.symlink_to(target.name)
-    args = {"convert": ["convert", m, "-o", out / "x.onnx", "--plan-out", target, "--validate", "--no-speed",
-                        "--report-json", alias],
-            "validate": ["validate", m, m, "--no-speed", "--report-json", target, "--report-html", alias],
-            "check": ["check", m, "--no-speed", "--sarif", target, "--report-json", alias]}[command]
+    args = {
+        "convert": [
+            "convert",
+            m,
+            "-o",
+            out / "x.onnx",
+            "--plan-out",
+            target,
+            "--validate",
+            "--no-speed",
+            "--report-json",
+            alias,
+        ],
+        "validate": ["validate", m, m, "--no-speed", "--report-json", target, "--report-html", alias],
+        "check": ["check", m, "--no-speed", "--sarif", target, "--report-json", alias],
+    }[command]
     before = listing(tmp_path)
     one_error(run(*args), 2, "same file")
     assert listing(tmp_path) == before
 
 
-@pytest.mark.parametrize("args", [
-    ["validate", "{m}", "{m}", "--no-speed", "--report-json", "-", "--report-html", "-"],
-    ["convert", "{m}", "-o", "{out}/x.onnx", "--plan-out", "-", "--validate", "--no-speed", "--report-json", "-"],
-    ["check", "{m}", "--no-speed", "--sarif", "-", "--report-json", "-"],
-], ids=["validate", "convert", "check"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["validate", "{m}", "{m}", "--no-speed", "--report-json", "-", "--report-html", "-"],
+        ["convert", "{m}", "-o", "{out}/x.onnx", "--plan-out", "-", "--validate", "--no-speed", "--report-json", "-"],
+        ["check", "{m}", "--no-speed", "--sarif", "-", "--report-json", "-"],
+    ],
+    ids=["validate", "convert", "check"],
+)
 def test_two_outputs_on_stdout_are_refused(tmp_path, m, out, args):
     before = listing(tmp_path)
     outcome = run(*[a.format(m=m, out=out) for a in args])
@@ -236,15 +321,15 @@ def test_inputs_folder_files_are_protected(tmp_path, m, out):
     batches.mkdir()
     np.savez(batches / "b0.npz", x=np.ones((2, 8), np.float32))
     before = listing(tmp_path)
-    one_error(run("validate", m, m, "--no-speed", "--inputs", batches, "--report-json", batches / "b0.npz"), 2,
-              "input")
+    one_error(run("validate", m, m, "--no-speed", "--inputs", batches, "--report-json", batches / "b0.npz"), 2, "input")
     assert listing(tmp_path) == before
 
 
 def test_check_outputs_directly():
     """The one function every command calls, on paths that need not exist."""
-    aio.check_outputs([("-o", "a.onnx"), ("--plan-out", "b.json"), ("--report-json", None), ("--sarif", "-")],
-                      models=["-o"])
+    aio.check_outputs(
+        [("-o", "a.onnx"), ("--plan-out", "b.json"), ("--report-json", None), ("--sarif", "-")], models=["-o"]
+    )
     with pytest.raises(AutocastError, match="--plan-out names the external data file of -o"):
         aio.check_outputs([("-o", "a.onnx"), ("--plan-out", "a.onnx.data")], models=["-o"])
     with pytest.raises(AutocastError, match="-o and --plan-out name the same file"):
@@ -268,8 +353,11 @@ def test_how_outputs_are_written():
     assert aio.output_kind(os.devnull) == "stream"
     assert aio.output_kind("-") == "stdout"
     fake = [0] * 10
-    for mode, word in ((stat.S_IFBLK | 0o600, "block device"), (stat.S_IFSOCK | 0o600, "socket"),
-                       (stat.S_IFDIR | 0o700, "directory")):
+    for mode, word in (
+        (stat.S_IFBLK | 0o600, "block device"),
+        (stat.S_IFSOCK | 0o600, "socket"),
+        (stat.S_IFDIR | 0o700, "directory"),
+    ):
         fake[0] = mode
         with pytest.raises(AutocastError, match=word):
             aio.stat_output_kind(os.stat_result(fake), "x")
@@ -285,7 +373,7 @@ def test_write_text_to_a_fifo_keeps_the_fifo(out):
     aio.write_text_atomic(tmp_path / "pipe", "hello\n")
     assert reader.close() == b"hello\n"
     assert_fifo(tmp_path / "pipe")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]     # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temporary left
 
 
 def test_write_text_to_stdout(capsys, tmp_path):
@@ -294,17 +382,28 @@ def test_write_text_to_stdout(capsys, tmp_path):
     assert not Path("-").exists()
 
 
-@pytest.mark.parametrize("case", ["validate --report-json", "validate --report-html", "lint -o", "check --sarif",
-                                  "convert --plan-out", "convert -o"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "validate --report-json",
+        "validate --report-html",
+        "lint -o",
+        "check --sarif",
+        "convert --plan-out",
+        "convert -o",
+    ],
+)
 def test_outputs_into_a_fifo(tmp_path, m, out, case):
     pipe = out / "pipe"
     reader = FifoReader(pipe)
-    args = {"validate --report-json": ["validate", m, m, "--no-speed", "--report-json", pipe],
-            "validate --report-html": ["validate", m, m, "--no-speed", "--report-html", pipe],
-            "lint -o": ["lint", m, "--format", "json", "-o", pipe],
-            "check --sarif": ["check", m, "--no-speed", "--sarif", pipe],
-            "convert --plan-out": ["convert", m, "-o", out / "x.onnx", "--plan-out", pipe],
-            "convert -o": ["convert", m, "-o", pipe]}[case]
+    args = {
+        "validate --report-json": ["validate", m, m, "--no-speed", "--report-json", pipe],
+        "validate --report-html": ["validate", m, m, "--no-speed", "--report-html", pipe],
+        "lint -o": ["lint", m, "--format", "json", "-o", pipe],
+        "check --sarif": ["check", m, "--no-speed", "--sarif", pipe],
+        "convert --plan-out": ["convert", m, "-o", out / "x.onnx", "--plan-out", pipe],
+        "convert -o": ["convert", m, "-o", pipe],
+    }[case]
     outcome = run(*args)
     data = reader.close()
     assert outcome.code in (0, 1) and "Traceback" not in outcome.stderr, outcome.stderr
@@ -312,7 +411,7 @@ def test_outputs_into_a_fifo(tmp_path, m, out, case):
     if case == "convert -o":
         converted = onnx.ModelProto.FromString(data)
         onnx.checker.check_model(converted)
-        assert not list(out.glob(".*"))                         # no temporary beside it
+        assert not list(out.glob(".*"))  # no temporary beside it
     elif "html" in case:
         assert data.decode().lstrip().lower().startswith("<!doctype html")
     else:
@@ -368,14 +467,26 @@ def report_checks():
 
     return {
         "convert --plan-out": (["convert", "{m}", "-o", "{out}/x.onnx", "--plan-out", "-"], plan, "converted to fp16"),
-        "convert --report-json": (["convert", "{m}", "-o", "{out}/x.onnx", "--validate", "--no-speed",
-                                   "--report-json", "-"], validation, "result: PASS"),
-        "convert --report-html": (["convert", "{m}", "-o", "{out}/x.onnx", "--validate", "--no-speed",
-                                   "--report-html", "-"], html, "result: PASS"),
-        "validate --report-json": (["validate", "{m}", "{m}", "--no-speed", "--report-json", "-"], validation,
-                                   "result: PASS"),
-        "validate --report-html": (["validate", "{m}", "{m}", "--no-speed", "--report-html", "-"], html,
-                                   "result: PASS"),
+        "convert --report-json": (
+            ["convert", "{m}", "-o", "{out}/x.onnx", "--validate", "--no-speed", "--report-json", "-"],
+            validation,
+            "result: PASS",
+        ),
+        "convert --report-html": (
+            ["convert", "{m}", "-o", "{out}/x.onnx", "--validate", "--no-speed", "--report-html", "-"],
+            html,
+            "result: PASS",
+        ),
+        "validate --report-json": (
+            ["validate", "{m}", "{m}", "--no-speed", "--report-json", "-"],
+            validation,
+            "result: PASS",
+        ),
+        "validate --report-html": (
+            ["validate", "{m}", "{m}", "--no-speed", "--report-html", "-"],
+            html,
+            "result: PASS",
+        ),
         "check --report-json": (["check", "{m}", "--no-speed", "--report-json", "-"], check_report, "result: PASS"),
         "check --report-html": (["check", "{m}", "--no-speed", "--report-html", "-"], html, "result: PASS"),
         "check --sarif": (["check", "{m}", "--no-speed", "--sarif", "-"], sarif, "result: PASS"),
@@ -402,12 +513,16 @@ def test_dash_is_stdout_for_every_report(tmp_path, isolated, m, out, case):
 # =============================================================================================
 # 3. Crashes are exit 3, bad option values and bad data exit 2, and nothing is left behind
 # =============================================================================================
-@pytest.mark.parametrize("args", [
-    ["validate", "{m}", "{m}", "--no-speed", "--seed", "-1"],
-    ["validate", "{m}", "{m}", "--no-speed", "--seed", str(2**32)],
-    ["convert", "{m}", "-o", "{out}/x.onnx", "--validate", "--no-speed", "--seed", "-1"],
-    ["check", "{m}", "--no-speed", "-o", "{out}/x.onnx", "--seed", "-1"],
-], ids=["validate -1", "validate 2**32", "convert --validate", "check"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["validate", "{m}", "{m}", "--no-speed", "--seed", "-1"],
+        ["validate", "{m}", "{m}", "--no-speed", "--seed", str(2**32)],
+        ["convert", "{m}", "-o", "{out}/x.onnx", "--validate", "--no-speed", "--seed", "-1"],
+        ["check", "{m}", "--no-speed", "-o", "{out}/x.onnx", "--seed", "-1"],
+    ],
+    ids=["validate -1", "validate 2**32", "convert --validate", "check"],
+)
 def test_bad_seed_is_exit_2(tmp_path, m, out, args):
     before = listing(tmp_path)
     one_error(run(*[a.format(m=m, out=out) for a in args]), 2, "--seed")
@@ -456,17 +571,30 @@ def bad_npz(case, folder: Path) -> tuple[Path, str]:
 NPZ_CASES = ["text", "bytes", "complex", "object", "wrong_rank", "wrong_size", "missing", "not_npz"]
 
 
-@pytest.mark.parametrize("command", ["validate", "convert --validate", "check", "convert --calibration-data",
-                                     "explain --calibration-data"])
+@pytest.mark.parametrize(
+    "command", ["validate", "convert --validate", "check", "convert --calibration-data", "explain --calibration-data"]
+)
 @pytest.mark.parametrize("case", NPZ_CASES)
 def test_bad_npz_is_exit_2_naming_file_and_array(tmp_path, m, out, case, command):
     data, fragment = bad_npz(case, tmp_path / "model")
-    args = {"validate": ["validate", m, m, "--no-speed", "--inputs", data, "--report-json", out / "r.json"],
-            "convert --validate": ["convert", m, "-o", out / "x.onnx", "--plan-out", out / "p.json", "--validate",
-                                   "--no-speed", "--inputs", data],
-            "check": ["check", m, "--no-speed", "-o", out / "x.onnx", "--inputs", data],
-            "convert --calibration-data": ["convert", m, "-o", out / "x.onnx", "--calibration-data", data],
-            "explain --calibration-data": ["explain", m, "fc", "--calibration-data", data]}[command]
+    args = {
+        "validate": ["validate", m, m, "--no-speed", "--inputs", data, "--report-json", out / "r.json"],
+        "convert --validate": [
+            "convert",
+            m,
+            "-o",
+            out / "x.onnx",
+            "--plan-out",
+            out / "p.json",
+            "--validate",
+            "--no-speed",
+            "--inputs",
+            data,
+        ],
+        "check": ["check", m, "--no-speed", "-o", out / "x.onnx", "--inputs", data],
+        "convert --calibration-data": ["convert", m, "-o", out / "x.onnx", "--calibration-data", data],
+        "explain --calibration-data": ["explain", m, "fc", "--calibration-data", data],
+    }[command]
     before = listing(tmp_path)
     outcome = run(*args)
     one_error(outcome, 2, data.name, fragment)
@@ -480,17 +608,41 @@ def boom(*args, **kwargs):
 
 # name -> (module, attribute to break, argv, subject named in the message)
 CRASHES = {
-    "convert (after writing)": ("autocast_onnx.report", "conversion_summary",
-                                ["convert", "{m}", "-o", "{out}/x.onnx", "--plan-out", "{out}/p.json"],
-                                "converting"),
-    "convert --validate": ("autocast_onnx.validate.core", "validate",
-                           ["convert", "{m}", "-o", "{out}/x.onnx", "--plan-out", "{out}/p.json", "--validate",
-                            "--no-speed", "--report-json", "{out}/r.json"], "converting"),
-    "validate (second report)": ("autocast_onnx.report.html", "validation_html",
-                                 ["validate", "{m}", "{m}", "--no-speed", "--report-json", "{out}/r.json",
-                                  "--report-html", "{out}/r.html"], "validating"),
-    "check": ("autocast_onnx.report.checkgate", "check_summary",
-              ["check", "{m}", "--no-speed", "-o", "{out}/x.onnx", "--sarif", "{out}/s.sarif"], "checking"),
+    "convert (after writing)": (
+        "autocast_onnx.report",
+        "conversion_summary",
+        ["convert", "{m}", "-o", "{out}/x.onnx", "--plan-out", "{out}/p.json"],
+        "converting",
+    ),
+    "convert --validate": (
+        "autocast_onnx.validate.core",
+        "validate",
+        [
+            "convert",
+            "{m}",
+            "-o",
+            "{out}/x.onnx",
+            "--plan-out",
+            "{out}/p.json",
+            "--validate",
+            "--no-speed",
+            "--report-json",
+            "{out}/r.json",
+        ],
+        "converting",
+    ),
+    "validate (second report)": (
+        "autocast_onnx.report.html",
+        "validation_html",
+        ["validate", "{m}", "{m}", "--no-speed", "--report-json", "{out}/r.json", "--report-html", "{out}/r.html"],
+        "validating",
+    ),
+    "check": (
+        "autocast_onnx.report.checkgate",
+        "check_summary",
+        ["check", "{m}", "--no-speed", "-o", "{out}/x.onnx", "--sarif", "{out}/s.sarif"],
+        "checking",
+    ),
     "lint": ("autocast_onnx.report.lint", "lint_text", ["lint", "{m}", "-o", "{out}/l.txt"], "linting"),
     "explain": ("autocast_onnx.pipeline", "convert", ["explain", "{m}", "fc"], "explaining"),
     "rules": ("autocast_onnx.report.lint", "rules_text", ["rules"], "listing"),
@@ -504,9 +656,14 @@ def test_unexpected_exception_is_exit_3_in_one_line_and_leaves_nothing(tmp_path,
     module, name, args, doing = CRASHES[case]
     monkeypatch.setattr(importlib.import_module(module), name, boom)
     before = listing(tmp_path)
-    line = one_error(run(*[a.format(m=m, out=out) for a in args]), 3, f"internal error while {doing}",
-                     "ValueError: boom second line of the message", "this is a bug in autocast-onnx",
-                     "AUTOCAST_ONNX_DEBUG=1")
+    line = one_error(
+        run(*[a.format(m=m, out=out) for a in args]),
+        3,
+        f"internal error while {doing}",
+        "ValueError: boom second line of the message",
+        "this is a bug in autocast-onnx",
+        "AUTOCAST_ONNX_DEBUG=1",
+    )
     if case != "rules":
         assert "m.onnx" in line
     assert listing(tmp_path) == before
@@ -542,8 +699,11 @@ def test_failure_after_writing_keeps_files_it_did_not_write(tmp_path, m, out, mo
     (out / "x.onnx").write_bytes(b"an older model")
     (out / "r.json").write_text("an older report\n")
     monkeypatch.setattr(core, "validate", boom)
-    one_error(run("convert", m, "-o", out / "x.onnx", "--validate", "--no-speed", "--report-json", out / "r.json"),
-              3, "internal error while converting")
+    one_error(
+        run("convert", m, "-o", out / "x.onnx", "--validate", "--no-speed", "--report-json", out / "r.json"),
+        3,
+        "internal error while converting",
+    )
     assert sorted(p.name for p in out.iterdir()) == ["r.json"]
     assert (out / "r.json").read_text() == "an older report\n"
 
@@ -557,8 +717,11 @@ def test_bad_input_after_writing_removes_the_converted_model(tmp_path, m, out, m
         raise AutocastError("the runtime refused it", "x.onnx", "do something")
 
     monkeypatch.setattr(core, "validate", refuse)
-    one_error(run("convert", m, "-o", out / "x.onnx", "--plan-out", out / "p.json", "--validate", "--no-speed"),
-              2, "runtime refused")
+    one_error(
+        run("convert", m, "-o", out / "x.onnx", "--plan-out", out / "p.json", "--validate", "--no-speed"),
+        2,
+        "runtime refused",
+    )
     assert list(out.iterdir()) == []
 
 
@@ -582,20 +745,32 @@ def test_output_snapshot(out):
     assert_fifo(tmp_path / "pipe")
 
 
-@pytest.mark.parametrize("case", ["convert --plan-out", "convert --validate --report-json", "validate --report-html",
-                                  "lint -o", "check --sarif"])
+@pytest.mark.parametrize(
+    "case",
+    ["convert --plan-out", "convert --validate --report-json", "validate --report-html", "lint -o", "check --sarif"],
+)
 def test_report_over_the_inputs_external_data_is_refused(tmp_path, out, case):
     folder = tmp_path / "model"
     folder.mkdir()
     stored = tiny_model()
     onnx.save(stored, folder / "ext.onnx", save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     path, data = folder / "ext.onnx", folder / "ext.onnx.data"
-    args = {"convert --plan-out": ["convert", path, "-o", out / "x.onnx", "--plan-out", data],
-            "convert --validate --report-json": ["convert", path, "-o", out / "x.onnx", "--validate", "--no-speed",
-                                                 "--report-json", data],
-            "validate --report-html": ["validate", path, path, "--no-speed", "--report-html", data],
-            "lint -o": ["lint", path, "-o", data],
-            "check --sarif": ["check", path, "--no-speed", "--sarif", data]}[case]
+    args = {
+        "convert --plan-out": ["convert", path, "-o", out / "x.onnx", "--plan-out", data],
+        "convert --validate --report-json": [
+            "convert",
+            path,
+            "-o",
+            out / "x.onnx",
+            "--validate",
+            "--no-speed",
+            "--report-json",
+            data,
+        ],
+        "validate --report-html": ["validate", path, path, "--no-speed", "--report-html", data],
+        "lint -o": ["lint", path, "-o", data],
+        "check --sarif": ["check", path, "--no-speed", "--sarif", data],
+    }[case]
     before = listing(tmp_path)
     one_error(run(*args), 2, "would overwrite a file of the input model", "ext.onnx.data")
     assert listing(tmp_path) == before
@@ -604,8 +779,14 @@ def test_report_over_the_inputs_external_data_is_refused(tmp_path, out, case):
 def run_with_stdout_into(fifo: FifoReader, *args) -> subprocess.CompletedProcess:
     """`python -m autocast_onnx ARGS` in a real process whose stdout is the FIFO."""
     with open(fifo.path, "wb") as stdout:
-        return subprocess.run([sys.executable, "-m", "autocast_onnx", *map(str, args)], stdout=stdout,
-                              stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "autocast_onnx", *map(str, args)],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
 
 def test_report_into_the_file_stdout_goes_to(tmp_path, m, out):
@@ -622,8 +803,7 @@ def test_report_into_the_file_stdout_goes_to(tmp_path, m, out):
 
 def test_dash_and_the_file_stdout_goes_to_are_one_output(tmp_path, m, out):
     fifo = FifoReader(out / "stdout")
-    proc = run_with_stdout_into(fifo, "validate", m, m, "--no-speed", "--report-json", "-", "--report-html",
-                                fifo.path)
+    proc = run_with_stdout_into(fifo, "validate", m, m, "--no-speed", "--report-json", "-", "--report-html", fifo.path)
     assert fifo.close() == b""
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

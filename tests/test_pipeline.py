@@ -12,13 +12,13 @@ import hashlib
 import subprocess
 import sys
 
-import onnx
-import pytest
-
 import case_helpers as C
 import helpers as H
-from autocast_onnx import AutocastError, PrecisionPlan, convert_file
+import onnx
+import pytest
 from helpers import BF16, F16, F32, convert, mlp, parse, planned, randn
+
+from autocast_onnx import AutocastError, PrecisionPlan, convert_file
 
 
 # =========================================================================================
@@ -47,8 +47,9 @@ def test_bf16_needs_opset_13():
         convert(m, precision="bf16")
 
 
-@pytest.mark.parametrize("option,value,message", [("precision", "fp8", "unknown precision"),
-                                                  ("check", "thorough", "unknown check level")])
+@pytest.mark.parametrize(
+    "option,value,message", [("precision", "fp8", "unknown precision"), ("check", "thorough", "unknown check level")]
+)
 def test_unknown_option_value_is_refused(option, value, message):
     with pytest.raises(AutocastError, match=message):
         convert(mlp(), **{option: value})
@@ -58,7 +59,7 @@ def test_convert_copies_its_input_and_reads_paths(tmp_path):
     m = mlp()
     before = m.SerializeToString()
     from_proto = convert(m)
-    assert m.SerializeToString() == before          # copy=True (the default): input untouched
+    assert m.SerializeToString() == before  # copy=True (the default): input untouched
     path = tmp_path / "m.onnx"
     path.write_bytes(before)
     from_path = convert(path)
@@ -111,10 +112,13 @@ def sha(path):
 
 
 def good_model_file(path):
-    m = parse("""
+    m = parse(
+        """
         good (float[2,64] x) => (float[2,64] y) {
             [mm] y = MatMul(x, W)
-        }""", W=randn([64, 64], 120))
+        }""",
+        W=randn([64, 64], 120),
+    )
     path.write_bytes(m.SerializeToString())
     return path
 
@@ -158,18 +162,27 @@ def bad_model_cases(tmp_path):
 
 
 BAD_RULES = {
-    "unknown_key": "[settings]\nunknown_op = \"keep_fp32\"\nfavourite_colour = \"blue\"\n",
-    "unknown_table": "[oops]\nMatMul = \"x\"\n",
-    "two_categories": "[ops.keep_fp32]\nMatMul = \"keep\"\n\n[ops.follow]\nMatMul = \"follow\"\n",
-    "bad_regex": "[[nodes]]\nmatch = \"attn_(\"\nprecision = \"fp32\"\n",
+    "unknown_key": '[settings]\nunknown_op = "keep_fp32"\nfavourite_colour = "blue"\n',
+    "unknown_table": '[oops]\nMatMul = "x"\n',
+    "two_categories": '[ops.keep_fp32]\nMatMul = "keep"\n\n[ops.follow]\nMatMul = "follow"\n',
+    "bad_regex": '[[nodes]]\nmatch = "attn_("\nprecision = "fp32"\n',
 }
 # what the one error line must mention (rule file and line come first)
-RULE_ERRORS = {"unknown_key": ("rules.toml:3", "favourite_colour"), "unknown_table": ("rules.toml:1", "oops"),
-               "two_categories": ("rules.toml:5", "two categories"), "bad_regex": ("rules.toml:1", "regex")}
+RULE_ERRORS = {
+    "unknown_key": ("rules.toml:3", "favourite_colour"),
+    "unknown_table": ("rules.toml:1", "oops"),
+    "two_categories": ("rules.toml:5", "two categories"),
+    "bad_regex": ("rules.toml:1", "regex"),
+}
 
 
-MODEL_ERRORS = {"not_onnx": "not an ONNX model", "empty": "empty", "truncated": "not an ONNX model",
-                "directory": "directory", "missing": "not found"}
+MODEL_ERRORS = {
+    "not_onnx": "not an ONNX model",
+    "empty": "empty",
+    "truncated": "not an ONNX model",
+    "directory": "directory",
+    "missing": "not found",
+}
 
 
 @pytest.mark.parametrize("case", sorted(MODEL_ERRORS))
@@ -183,7 +196,7 @@ def test_cli_bad_model_input(tmp_path, case):
     assert MODEL_ERRORS[case] in stderr and path.name in stderr
     assert not out.exists()
     assert sha(path) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == listing   # no temp files left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing  # no temp files left behind
 
 
 @pytest.mark.parametrize("case", sorted(BAD_RULES))
@@ -218,8 +231,12 @@ def test_cli_bad_input_in_a_real_process(tmp_path):
     path = bad_model_cases(tmp_path)["truncated"]
     before = sha(path)
     out = tmp_path / "out.onnx"
-    proc = subprocess.run([sys.executable, "-m", "autocast_onnx", "convert", str(path), "-o", str(out)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", "convert", str(path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_one_line_error(proc.returncode, proc.stderr)
     assert not out.exists() and sha(path) == before
 

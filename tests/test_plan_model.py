@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import case_helpers as C
+import pytest
+from helpers import attention_block, convert, parse, randn
+
 from autocast_onnx import AutocastError, PrecisionPlan
 from autocast_onnx.plan.model import PLAN_VERSION
-from helpers import attention_block, convert, parse, randn
 
 
 def test_plan_json_round_trip(tmp_path):
@@ -23,7 +23,7 @@ def test_plan_json_round_trip(tmp_path):
     assert data["target"] == "fp16" and data["summary"]["fp16"] == 4
     again = PrecisionPlan.from_json(path.read_text())
     assert again == r.plan
-    node = [n for n in data["nodes"] if n["name"] == "softmax"][0]
+    node = next(n for n in data["nodes"] if n["name"] == "softmax")
     assert node["precision"] == "fp32"
     assert node["reasons"][0]["source"].startswith("rules/default.toml:")
 
@@ -43,7 +43,8 @@ def test_plan_of_another_version_is_refused():
 def test_round_trip_keeps_subgraph_entries_warnings_and_keep_io():
     """A plan with keep_io_types=False, subgraph nodes, a warning (data-range on a forced-low
     Add) and a measured value in a reason survives JSON unchanged."""
-    m = parse("""
+    m = parse(
+        """
         branchy (float[2,4] x, bool cond) => (float[2,4] y) <float[4] mask = {0, 0, -1e9, 0}> {
             [branch] y = If (cond) <
                 then_branch = then_body () => (float[2,4] t) {
@@ -53,7 +54,9 @@ def test_round_trip_keeps_subgraph_entries_warnings_and_keep_io():
                 else_branch = else_body () => (float[2,4] e) {
                     [else_relu] e = Relu(x)
                 }>
-        }""", W=randn([4, 4], 130))
+        }""",
+        W=randn([4, 4], 130),
+    )
     r = convert(m, precision="fp16", keep_io_types=False, include_nodes=["^then_mask$"])
     assert C.entry(r, "then_mm").graph != "main"
     assert "data-range" in C.warning_codes(r)
@@ -63,5 +66,6 @@ def test_round_trip_keeps_subgraph_entries_warnings_and_keep_io():
     assert again.target == "fp16" and again.keep_io_types is False
     assert [w.code for w in again.warnings] == [w.code for w in r.plan.warnings]
     assert [x.value for x in again.by_name("then_mask")[0].reasons if x.code == "data-range"] == [pytest.approx(1e9)]
-    assert [(n.name, n.graph, n.precision) for n in again.nodes] == \
-           [(n.name, n.graph, n.precision) for n in r.plan.nodes]
+    assert [(n.name, n.graph, n.precision) for n in again.nodes] == [
+        (n.name, n.graph, n.precision) for n in r.plan.nodes
+    ]

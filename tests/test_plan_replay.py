@@ -67,11 +67,12 @@ def entry(data, name):
 
 # ------------------------------------------------------------------------------------ the contract
 
+
 def test_apply_plan_needs_only_the_index_and_the_plan(tmp_path):
     """A plan read back from JSON, applied to a freshly indexed copy of the model, gives the same
     model as converting it: the classification is not needed by the rewrite."""
     model = mlp()
-    data, result = written_plan(model, tmp_path)
+    _data, result = written_plan(model, tmp_path)
     plan = PrecisionPlan.load(tmp_path / "plan.json")
     fresh = onnx.ModelProto.FromString(model.SerializeToString())
     apply_plan(build_index(fresh), plan)
@@ -103,7 +104,7 @@ def test_edited_node_runs_in_the_edited_precision(tmp_path):
     entry(data, "fc2")["precision"] = "fp32"
     replayed = autocast_onnx.convert(mlp(), plan=save_plan(data, tmp_path))
     assert node_output_type(replayed.model, "fc2") == F32
-    assert node_output_type(replayed.model, "fc1") == F16      # untouched nodes keep their plan
+    assert node_output_type(replayed.model, "fc1") == F16  # untouched nodes keep their plan
     assert replayed.plan.by_name("fc2")[0].precision == "fp32"
     # the edited model still computes the same function
     import onnxruntime as ort
@@ -136,10 +137,15 @@ def test_fingerprint_survives_renamed_tensors_and_new_weights():
 
 # ------------------------------------------------------------------------------------ refusals
 
+
 def test_plan_of_another_model_is_refused_naming_the_node(tmp_path):
     written_plan(mlp(), tmp_path)
-    other = parse(MLP.replace("[fc2] z = MatMul(a, w2)", "[fc2] z = Mul(a, w2)"), w1=randn([8, 8]), b1=randn([8]),
-                  w2=randn([8, 8]))
+    other = parse(
+        MLP.replace("[fc2] z = MatMul(a, w2)", "[fc2] z = Mul(a, w2)"),
+        w1=randn([8, 8]),
+        b1=randn([8]),
+        w2=randn([8, 8]),
+    )
     with pytest.raises(AutocastError) as err:
         autocast_onnx.convert(other, plan=tmp_path / "plan.json")
     assert "node #3" in str(err.value) and "'fc2' (MatMul) in the plan" in str(err.value)
@@ -148,25 +154,36 @@ def test_plan_of_another_model_is_refused_naming_the_node(tmp_path):
 
 def test_plan_of_a_model_with_more_nodes_is_refused(tmp_path):
     written_plan(mlp(), tmp_path)
-    bigger = parse(MLP.replace("[act] a = Relu(hb)", "[act] a0 = Relu(hb)\n    [act2] a = Relu(a0)"),
-                   w1=randn([8, 8]), b1=randn([8]), w2=randn([8, 8]))
+    bigger = parse(
+        MLP.replace("[act] a = Relu(hb)", "[act] a0 = Relu(hb)\n    [act2] a = Relu(a0)"),
+        w1=randn([8, 8]),
+        b1=randn([8]),
+        w2=randn([8, 8]),
+    )
     with pytest.raises(AutocastError, match="the plan has 6 nodes but the model has 7"):
         autocast_onnx.convert(bigger, plan=tmp_path / "plan.json")
 
 
 def test_plan_with_same_names_but_rewired_graph_is_refused(tmp_path):
     written_plan(mlp(), tmp_path)
-    rewired = parse(MLP.replace("[fc2] z = MatMul(a, w2)", "[fc2] z = MatMul(hb, w2)"), w1=randn([8, 8]),
-                    b1=randn([8]), w2=randn([8, 8]))
+    rewired = parse(
+        MLP.replace("[fc2] z = MatMul(a, w2)", "[fc2] z = MatMul(hb, w2)"),
+        w1=randn([8, 8]),
+        b1=randn([8]),
+        w2=randn([8, 8]),
+    )
     with pytest.raises(AutocastError, match="fingerprint mismatch"):
         autocast_onnx.convert(rewired, plan=tmp_path / "plan.json")
 
 
-@pytest.mark.parametrize("name,precision,message", [
-    ("shape", "fp16", "'shape' (Shape) cannot compute in fp16: none of its tensors follows"),
-    ("fc1", "bf16", "'fc1' (MatMul): precision bf16 in a plan whose target is fp16"),
-    ("fc1", "fp8", "precision 'fp8' is not one of"),
-])
+@pytest.mark.parametrize(
+    "name,precision,message",
+    [
+        ("shape", "fp16", "'shape' (Shape) cannot compute in fp16: none of its tensors follows"),
+        ("fc1", "bf16", "'fc1' (MatMul): precision bf16 in a plan whose target is fp16"),
+        ("fc1", "fp8", "precision 'fp8' is not one of"),
+    ],
+)
 def test_edit_to_a_precision_the_op_cannot_take_is_refused(tmp_path, name, precision, message):
     data, _ = written_plan(mlp(), tmp_path)
     entry(data, name)["precision"] = precision
@@ -177,18 +194,25 @@ def test_edit_to_a_precision_the_op_cannot_take_is_refused(tmp_path, name, preci
 def test_edit_against_the_schema_is_refused():
     """Resize's `scales` is pinned fp32 by the rules; a plan that claims it follows the node and
     puts the node in fp16 is refused at that port (the schema allows only float scales)."""
-    model = parse("""
+    model = parse(
+        """
         up (float[1,1,4,4] x) => (float[1,1,8,8] y) {
             [resize] y = Resize<mode = "nearest">(x, roi, scales)
-        }""", roi=np.zeros(0, np.float32), scales=np.array([1, 1, 2, 2], np.float32))
+        }""",
+        roi=np.zeros(0, np.float32),
+        scales=np.array([1, 1, 2, 2], np.float32),
+    )
     result = autocast_onnx.convert(model)
     data = json.loads(result.plan.to_json())
     node = entry(data, "resize")
     assert node["roles_in"] == "pff"
     node["roles_in"] = "ppp"
     node["precision"] = "fp16"
-    with pytest.raises(AutocastError, match=r"'resize' \(Resize\) cannot compute in fp16: its schema allows no fp16 "
-                                            r"at input 2"):
+    with pytest.raises(
+        AutocastError,
+        match=r"'resize' \(Resize\) cannot compute in fp16: its schema allows no fp16 "
+        r"at input 2",
+    ):
         autocast_onnx.convert(model, plan=PrecisionPlan.from_dict(data))
 
 
@@ -206,12 +230,17 @@ def test_plan_version_1_is_refused_with_a_hint(tmp_path):
         autocast_onnx.convert(mlp(), plan=save_plan(data, tmp_path))
 
 
-@pytest.mark.parametrize("text,message", [
-    ("{not json", "invalid JSON"),
-    ("[]", r"no \"nodes\""),
-    ('{"version": 2, "target": "fp16", "keep_io_types": true, "model_fingerprint": "x", "nodes": [{"id": 0}]}',
-     r'"name" is missing'),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("{not json", "invalid JSON"),
+        ("[]", r"no \"nodes\""),
+        (
+            '{"version": 2, "target": "fp16", "keep_io_types": true, "model_fingerprint": "x", "nodes": [{"id": 0}]}',
+            r'"name" is missing',
+        ),
+    ],
+)
 def test_malformed_plan_files_are_refused(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -219,13 +248,20 @@ def test_malformed_plan_files_are_refused(tmp_path, text, message):
         autocast_onnx.convert(mlp(), plan=path)
 
 
-@pytest.mark.parametrize("option", [{"exclude_ops": ["Softmax"]}, {"rules": ["x.toml"]},
-                                    {"include_nodes": ["fc"]}, {"precision": "bf16"},
-                                    {"keep_io_types": False}])
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"exclude_ops": ["Softmax"]},
+        {"rules": ["x.toml"]},
+        {"include_nodes": ["fc"]},
+        {"precision": "bf16"},
+        {"keep_io_types": False},
+    ],
+)
 def test_planning_options_with_a_plan_are_refused(tmp_path, option):
     """Nothing silent: an option the plan overrides would do nothing, so it is an error."""
     written_plan(mlp(), tmp_path)
-    with pytest.raises(AutocastError, match="--plan|contradicts the plan"):
+    with pytest.raises(AutocastError, match=r"--plan|contradicts the plan"):
         autocast_onnx.convert(mlp(), plan=tmp_path / "plan.json", **option)
 
 

@@ -35,6 +35,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from strategies import onnx_models
 
 import autocast_onnx
 from autocast_onnx import AutocastError
@@ -42,7 +43,6 @@ from autocast_onnx.graph import build_index
 from autocast_onnx.lint.engine import LintOptions, lint
 from autocast_onnx.validate.core import ValidateOptions, validate
 from autocast_onnx.validate.emulate import emulation_model
-from strategies import onnx_models
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 MIXABLE = {F32, F16, BF16}
@@ -54,9 +54,12 @@ MIXABLE = {F32, F16, BF16}
 # cast, a wrong branch) shows up as an error of order 1 or as inf/NaN.
 TOLERANCE = {"fp16": 5e-2, "bf16": 1e-1}
 
-_COMMON = {"deadline": None, "database": None, "print_blob": True,
-           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.large_base_example]}
+_COMMON = {
+    "deadline": None,
+    "database": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+}
 settings.register_profile("autocast_onnx_quick", max_examples=25, derandomize=True, **_COMMON)
 settings.register_profile("autocast_onnx_long", max_examples=1000, **_COMMON)
 
@@ -70,10 +73,32 @@ if os.environ.get("AUTOCAST_ONNX_FUZZ_EXAMPLES"):
 precisions = st.sampled_from(["fp16", "bf16"])
 keep_io = st.sampled_from([True, True, False])
 # --exclude-op: usually none; sometimes ops of every category
-exclude = st.one_of(st.just(()), st.just(()), st.just(()),
-                    st.lists(st.sampled_from(["MatMul", "Gemm", "Conv", "Add", "Mul", "Relu", "Where", "Transpose",
-                                              "Reshape", "Concat", "Softmax", "LayerNormalization"]), min_size=1, max_size=2,
-                             unique=True).map(tuple))
+exclude = st.one_of(
+    st.just(()),
+    st.just(()),
+    st.just(()),
+    st.lists(
+        st.sampled_from(
+            [
+                "MatMul",
+                "Gemm",
+                "Conv",
+                "Add",
+                "Mul",
+                "Relu",
+                "Where",
+                "Transpose",
+                "Reshape",
+                "Concat",
+                "Softmax",
+                "LayerNormalization",
+            ]
+        ),
+        min_size=1,
+        max_size=2,
+        unique=True,
+    ).map(tuple),
+)
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -235,11 +260,15 @@ def test_convert_properties(g, precision, keep_io_types, exclude_ops):
         names = [n for n in list(protos[entry.id].input) + list(protos[entry.id].output) if n]
         if any(before.get(n) in MIXABLE for n in names):
             assert entry.precision == "fp32", (
-                f"{entry.category} node {entry.label} ({entry.op_type}) planned {entry.precision}")
+                f"{entry.category} node {entry.label} ({entry.op_type}) planned {entry.precision}"
+            )
     for n in all_nodes(converted.graph):
         if (n.domain, n.op_type) in fp32_ops:
-            wrong = [(t, onnx.helper.tensor_dtype_to_string(after[t])) for t in list(n.input) + list(n.output)
-                     if t and after.get(t) in MIXABLE and after[t] != F32]
+            wrong = [
+                (t, onnx.helper.tensor_dtype_to_string(after[t]))
+                for t in list(n.input) + list(n.output)
+                if t and after.get(t) in MIXABLE and after[t] != F32
+            ]
             assert not wrong, f"fp32 node {n.name or n.op_type} ({n.op_type}) has non-fp32 tensors {wrong}"
 
     # 4. Under emulation it matches the fp32 model within low-precision tolerance.
@@ -266,7 +295,8 @@ def test_convert_properties(g, precision, keep_io_types, exclude_ops):
         assert error <= TOLERANCE[precision], (
             f"output {name}: emulated {precision} differs from fp32 by {error:.3g} x max(1, max|ref|) "
             f"(tolerance {TOLERANCE[precision]}); worst element at "
-            f"{np.unravel_index(np.argmax(np.nan_to_num(diff, nan=np.inf)), diff.shape) if diff.size else ()}")
+            f"{np.unravel_index(np.argmax(np.nan_to_num(diff, nan=np.inf)), diff.shape) if diff.size else ()}"
+        )
 
     # 5. Converting again changes nothing.
     again = autocast_onnx.convert(converted, precision=precision, keep_io_types=keep_io_types, exclude_ops=exclude_ops)
@@ -293,7 +323,7 @@ def test_lint_and_validate_raise_only_autocast_errors(g, precision, keep_io_type
     try:
         # the generated graphs hold the batch size in constants (Reshape shapes, ...): give it
         symbolic = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
-        report = validate(model, result.model, ValidateOptions(speed=False, dims={d: 2 for d in symbolic}))
+        report = validate(model, result.model, ValidateOptions(speed=False, dims=dict.fromkeys(symbolic, 2)))
         event(f"validate passed={report['passed']}")
     except AutocastError as exc:
         assert_one_line(exc)
@@ -308,5 +338,5 @@ def test_profiles_are_registered():
     assert long.max_examples >= 1000
 
 
-if __name__ == "__main__":   # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(pytest.main([__file__, "-q"]))

@@ -63,6 +63,7 @@ def test_schema_documents_every_property(schema):
         elif isinstance(node, list):
             for k, sub in enumerate(node):
                 walk(sub, f"{where}[{k}]")
+
     walk(schema, "schema")
 
 
@@ -114,8 +115,11 @@ def test_cli_report_json_file_validates(validator, converted, tmp_path):
     conv_path = tmp_path / "resnet_tiny.fp16.onnx"
     onnx.save(converted, conv_path)
     out = tmp_path / "report.json"
-    result = CliRunner().invoke(cli, ["validate", str(RESNET), str(conv_path), "--iterations", "2", "--warmup", "0",
-                                      "--report-json", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        ["validate", str(RESNET), str(conv_path), "--iterations", "2", "--warmup", "0", "--report-json", str(out)],
+        catch_exceptions=False,
+    )
     assert result.exit_code in (0, 1), result.output
     report = json.loads(out.read_text())
     validator.validate(report)
@@ -141,6 +145,7 @@ def _delete(path):
         for key in parents:
             node = node[key]
         del node[last]
+
     return mutate
 
 
@@ -151,6 +156,7 @@ def _set(path, value):
         for key in parents:
             node = node[key]
         node[last] = value
+
     return mutate
 
 

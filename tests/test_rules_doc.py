@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_docs_rules_md_matches_the_catalog():
     generated = CliRunner().invoke(cli, ["rules", "--format", "markdown"]).output
     assert (ROOT / "docs" / "rules.md").read_text() == generated, (
-        "docs/rules.md is stale: run `autocast-onnx rules --format markdown > docs/rules.md`")
+        "docs/rules.md is stale: run `autocast-onnx rules --format markdown > docs/rules.md`"
+    )
 
 
 def test_every_check_is_documented_with_why_and_fix():

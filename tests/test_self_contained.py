@@ -42,7 +42,7 @@ def test_no_tracked_file_refers_outside_the_repository():
 @pytest.mark.parametrize("name", ["onnx_op_categories.csv", "sarif-schema-2.1.0.json", "README.md"])
 def test_reference_files_are_vendored(name):
     path = ROOT / "reference" / name
-    assert path.is_file() and path.stat().st_size > 1000 or name == "README.md" and path.is_file()
+    assert (path.is_file() and path.stat().st_size > 1000) or (name == "README.md" and path.is_file())
 
 
 def test_pattern_catches_a_sibling_reference():

@@ -10,15 +10,15 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from helpers import F32, init, model, tensor
 from onnx import helper
+from validate_helpers import DATA, MODELS, ROOT, cli, cli_proc
 
 import autocast_onnx
 from autocast_onnx.errors import AutocastError
 from autocast_onnx.validate.core import ValidateOptions, validate
 from autocast_onnx.validate.inputs import DEFAULT_BATCH, attention_mask, describe_inputs, generate, plan_inputs
 from autocast_onnx.validate.metrics import OutputStats, Thresholds, verdict
-from helpers import F32, init, model, tensor
-from validate_helpers import DATA, MODELS, ROOT, cli, cli_proc
 
 RESNET = MODELS / "resnet_tiny.onnx"
 BERT = MODELS / "bert_tiny.onnx"
@@ -64,6 +64,7 @@ def stats_of(ref, out, name="out", **kw):
 
 # ---------------------------------------------------------------------------------------------- metrics
 
+
 def test_errors_on_hand_made_arrays():
     ref = np.array([[1.0, -2.0, 3.0], [0.0, 4.0, -1.0]])
     out = np.array([[1.0, -2.5, 2.0], [0.0, 4.0, -1.25]])
@@ -101,8 +102,8 @@ def test_new_nan_and_inf_counted_where_the_reference_is_finite():
     ref = np.array([1.0, np.nan, 2.0, 3.0, -np.inf, 5.0])
     out = np.array([np.nan, np.nan, np.inf, -np.inf, -np.inf, 6.0])
     s = stats_of(ref, out)
-    assert s["new_nan"] == 1                 # index 0 (index 1 was NaN already)
-    assert s["new_inf"] == 2                 # indexes 2 and 3 (index 4 was -inf already)
+    assert s["new_nan"] == 1  # index 0 (index 1 was NaN already)
+    assert s["new_inf"] == 2  # indexes 2 and 3 (index 4 was -inf already)
     assert s["reference_nonfinite"] == 2
     # the error statistics cover the positions where both are finite
     assert s["max_abs_error"] == pytest.approx(1.0) and s["elements"] == 6
@@ -143,10 +144,7 @@ def test_integer_outputs_must_match_exactly():
 def class_rows():
     """4 rows of 6 distinct scores. Row 0: the top-5 set loses one class, top-1 unchanged; row 3:
     top-1 changes, the top-5 set does not; rows 1-2 unchanged."""
-    ref = np.array([[6.0, 5, 4, 3, 2, 1],
-                    [1.0, 6, 2, 3, 4, 5],
-                    [2.0, 1, 6, 3, 4, 5],
-                    [1.0, 2, 3, 6, 5, 4]], np.float32)
+    ref = np.array([[6.0, 5, 4, 3, 2, 1], [1.0, 6, 2, 3, 4, 5], [2.0, 1, 6, 3, 4, 5], [1.0, 2, 3, 6, 5, 4]], np.float32)
     out = ref.copy()
     out[0, 4], out[0, 5] = 0.0, 3.5
     out[3, 3], out[3, 4] = 5.0, 6.0
@@ -182,12 +180,15 @@ def test_top1_treats_nan_as_lowest():
 BASE = {"max_abs_error": 0.5, "relative_error": 0.05, "cosine": 0.99, "top1": 0.9, "new_nan": 0, "new_inf": 0}
 
 
-@pytest.mark.parametrize("key, failing, passing, message", [
-    ("atol", 0.1, 1.0, "max abs error"),
-    ("rtol", 0.01, 0.1, "relative error"),
-    ("min_cosine", 0.999, 0.9, "cosine"),
-    ("min_top1", 0.95, 0.5, "top-1"),
-])
+@pytest.mark.parametrize(
+    "key, failing, passing, message",
+    [
+        ("atol", 0.1, 1.0, "max abs error"),
+        ("rtol", 0.01, 0.1, "relative error"),
+        ("min_cosine", 0.999, 0.9, "cosine"),
+        ("min_top1", 0.95, 0.5, "top-1"),
+    ],
+)
 def test_each_threshold_fails_on_its_own(key, failing, passing, message):
     only = {"atol": None, "rtol": None, "min_cosine": None, "min_top1": None}
     passed, failures = verdict(BASE, Thresholds(**{**only, key: failing}))
@@ -217,6 +218,7 @@ def test_class_output_option_scores_a_named_output(bert16):
 
 # ----------------------------------------------------------------------------------------------- inputs
 
+
 def test_generated_inputs_respect_dims_and_report_defaults(bert16):
     report = validate(BERT, bert16, ValidateOptions(speed=False, dims={"sequence": 8}))
     inputs = report["inputs"]
@@ -224,10 +226,15 @@ def test_generated_inputs_respect_dims_and_report_defaults(bert16):
     assert inputs["dims"] == {"sequence": 8, "batch": DEFAULT_BATCH}
     assert inputs["dim_defaults"] == ["batch"]
     assert {s["name"]: s["shape"] for s in inputs["specs"]} == {
-        "input_ids": [DEFAULT_BATCH, 8], "attention_mask": [DEFAULT_BATCH, 8], "token_type_ids": [DEFAULT_BATCH, 8]}
+        "input_ids": [DEFAULT_BATCH, 8],
+        "attention_mask": [DEFAULT_BATCH, 8],
+        "token_type_ids": [DEFAULT_BATCH, 8],
+    }
     assert {s["dtype"] for s in inputs["specs"]} == {"int64"}
     assert {o["name"]: o["shape"] for o in report["outputs"]} == {
-        "last_hidden_state": [DEFAULT_BATCH, 8, 64], "pooler_output": [DEFAULT_BATCH, 64]}
+        "last_hidden_state": [DEFAULT_BATCH, 8, 64],
+        "pooler_output": [DEFAULT_BATCH, 64],
+    }
 
     report = validate(BERT, bert16, ValidateOptions(speed=False, dims={"batch": 3, "sequence": 5}))
     assert report["inputs"]["dim_defaults"] == []
@@ -251,7 +258,7 @@ def test_token_ids_stay_within_the_embedding_tables():
         ids, types = feeds["input_ids"], feeds["token_type_ids"]
         assert ids.shape == (4, 64) and ids.dtype == np.int64
         assert ids.min() >= 0 and ids.max() < 1000
-        assert ids.max() >= 500               # uses the table, not a small default range
+        assert ids.max() >= 500  # uses the table, not a small default range
         assert set(np.unique(types)) == {0, 1}
 
 
@@ -259,12 +266,12 @@ def test_attention_mask_has_padded_and_fully_masked_rows():
     specs = describe_inputs(onnx.load(BERT))
     mask = generate(plan_inputs(specs, {"batch": 4, "sequence": 12}))["attention_mask"]
     assert mask.dtype == np.int64 and set(np.unique(mask)) == {0, 1}
-    assert mask[0].all()                                       # a full row
-    assert mask[1, 0] == 1 and not mask[1].all()               # a padded row: ones then zeros
+    assert mask[0].all()  # a full row
+    assert mask[1, 0] == 1 and not mask[1].all()  # a padded row: ones then zeros
     assert np.all(np.diff(mask[1]) <= 0)
-    assert not mask[-1].any()                                  # a fully masked row
+    assert not mask[-1].any()  # a fully masked row
     two = attention_mask((2, 12))
-    assert two[0].all() and two[1, 0] == 1 and not two[1].all()   # batch 2: no fully masked row
+    assert two[0].all() and two[1, 0] == 1 and not two[1].all()  # batch 2: no fully masked row
 
 
 def test_bert_validates_with_padded_and_fully_masked_rows(bert16):
@@ -275,11 +282,12 @@ def test_bert_validates_with_padded_and_fully_masked_rows(bert16):
 
 def test_input_range_for_ints_and_floats():
     specs = describe_inputs(onnx.load(BERT))
-    feeds = generate(plan_inputs(specs, {"batch": 4, "sequence": 16},
-                                 {"input_ids": (5.0, 10.0), "attention_mask": (1.0, 2.0)}))
+    feeds = generate(
+        plan_inputs(specs, {"batch": 4, "sequence": 16}, {"input_ids": (5.0, 10.0), "attention_mask": (1.0, 2.0)})
+    )
     assert feeds["input_ids"].min() >= 5 and feeds["input_ids"].max() < 10
     assert len(np.unique(feeds["input_ids"])) > 1
-    assert np.all(feeds["attention_mask"] == 1)       # a range given for a mask replaces the pattern
+    assert np.all(feeds["attention_mask"] == 1)  # a range given for a mask replaces the pattern
     pix = generate(plan_inputs(describe_inputs(onnx.load(RESNET)), {}, {"pixel_values": (-3.0, -2.5)}))
     values = pix["pixel_values"]
     assert values.dtype == np.float32 and values.shape == (DEFAULT_BATCH, 3, 32, 32)
@@ -293,7 +301,7 @@ def test_input_range_through_validate(resnet16):
 
 
 def test_npz_file_as_inputs(resnet16, tmp_path):
-    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32))   # float64: cast to the input type
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32))  # float64: cast to the input type
     np.savez(tmp_path / "batch.npz", pixel_values=x, unrelated=np.zeros(2))
     report = validate(RESNET, resnet16, ValidateOptions(speed=False, inputs=str(tmp_path / "batch.npz")))
     assert report["inputs"]["source"] == str(tmp_path / "batch.npz")
@@ -317,13 +325,15 @@ def test_npz_folder_aggregates_batches(resnet16, tmp_path):
     assert report["inputs"]["batches"] == 2 and report["inputs"]["source"] == str(folder)
     assert out["elements"] == 50
     assert out["max_abs_error"] == pytest.approx(max(s["max_abs_error"] for s in singles))
-    assert out["mean_abs_error"] == pytest.approx((singles[0]["mean_abs_error"] * 20 + singles[1]["mean_abs_error"] * 30) / 50)
+    assert out["mean_abs_error"] == pytest.approx(
+        (singles[0]["mean_abs_error"] * 20 + singles[1]["mean_abs_error"] * 30) / 50
+    )
     assert out["top1"] == pytest.approx((singles[0]["top1"] * 2 + singles[1]["top1"] * 3) / 5)
 
 
 def test_npz_missing_input_is_an_input_error(resnet16, tmp_path):
     np.savez(tmp_path / "wrong.npz", pixels=np.zeros((2, 3, 32, 32), np.float32))
-    with pytest.raises(AutocastError, match="missing input.*pixel_values"):
+    with pytest.raises(AutocastError, match=r"missing input.*pixel_values"):
         validate(RESNET, resnet16, ValidateOptions(speed=False, inputs=str(tmp_path / "wrong.npz")))
     r = cli("validate", RESNET, resnet16, "--no-speed", "--inputs", tmp_path / "wrong.npz")
     assert r.code == 2 and "pixel_values" in r.error_line()
@@ -344,27 +354,31 @@ def test_bad_inputs_path_is_an_input_error(resnet16, tmp_path, kind):
     r.error_line()
 
 
-@pytest.mark.parametrize("args", [
-    ("--dim", "batch"),
-    ("--dim", "batch=x"),
-    ("--dim", "batch=2.5"),
-    ("--dim", "=3"),
-    ("--dim", "batch=0"),
-    ("--dim", "batch=-1"),
-    ("--input-range", "pixel_values"),
-    ("--input-range", "pixel_values=1"),
-    ("--input-range", "pixel_values=1:"),
-    ("--input-range", "pixel_values=a:b"),
-    ("--input-range", "pixel_values=2:1"),
-    ("--input-range", "pixel_values=1e:2"),
-    ("--input-range", "pixel_values=.:1"),
-    ("--input-range", "nope=0:1"),
-], ids=lambda a: f"{a[0][2:]}:{a[1]}")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--dim", "batch"),
+        ("--dim", "batch=x"),
+        ("--dim", "batch=2.5"),
+        ("--dim", "=3"),
+        ("--dim", "batch=0"),
+        ("--dim", "batch=-1"),
+        ("--input-range", "pixel_values"),
+        ("--input-range", "pixel_values=1"),
+        ("--input-range", "pixel_values=1:"),
+        ("--input-range", "pixel_values=a:b"),
+        ("--input-range", "pixel_values=2:1"),
+        ("--input-range", "pixel_values=1e:2"),
+        ("--input-range", "pixel_values=.:1"),
+        ("--input-range", "nope=0:1"),
+    ],
+    ids=lambda a: f"{a[0][2:]}:{a[1]}",
+)
 def test_bad_dim_and_input_range_exit_2_with_one_line(resnet16, args):
     r = cli("validate", RESNET, resnet16, "--no-speed", *args)
     line = r.error_line()
     assert r.code == 2
-    assert args[0].lstrip("-").split("-")[0] in line        # names the option (dim / input)
+    assert args[0].lstrip("-").split("-")[0] in line  # names the option (dim / input)
 
 
 def test_dim_naming_no_input_dimension_is_an_error(resnet16):
@@ -376,6 +390,7 @@ def test_dim_naming_no_input_dimension_is_an_error(resnet16):
 
 
 # -------------------------------------------------------------------------------------- CLI exit codes
+
 
 def test_validate_own_conversion_passes(resnet16):
     r = cli("validate", RESNET, resnet16, *FAST)
@@ -394,11 +409,14 @@ def test_validate_as_a_process(resnet16, isolated_cwd):
     assert missing.code == 2 and "nope.onnx" in missing.error_line()
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--atol", "1e-9", "max abs error"),
-    ("--rtol", "1e-9", "relative error"),
-    ("--min-cosine", "1", "cosine"),          # fp16 rounding leaves the cosine just below 1
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--atol", "1e-9", "max abs error"),
+        ("--rtol", "1e-9", "relative error"),
+        ("--min-cosine", "1", "cosine"),  # fp16 rounding leaves the cosine just below 1
+    ],
+)
 def test_threshold_failure_exits_1(resnet16, flag, value, message):
     r = cli("validate", RESNET, resnet16, "--no-speed", flag, value)
     assert r.code == 1, r.stdout + r.stderr
@@ -412,8 +430,12 @@ def test_top1_threshold_failure_exits_1(tmp_path):
     w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
     paths = []
     for name, weights in (("ref", w), ("flipped", -w)):
-        m = model([helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc")],
-                  [tensor("x", F32, [2, 4])], [tensor("logits", F32, [2, 4])], [init("w", weights)])
+        m = model(
+            [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc")],
+            [tensor("x", F32, [2, 4])],
+            [tensor("logits", F32, [2, 4])],
+            [init("w", weights)],
+        )
         paths.append(tmp_path / f"{name}.onnx")
         onnx.save(m, paths[-1])
     loose = ("--rtol", "1e9", "--min-cosine", "-1")
@@ -426,15 +448,29 @@ def test_top1_threshold_failure_exits_1(tmp_path):
 
 def two_models(tmp_path, in_name="x", out_name="y"):
     w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
-    m = model([helper.make_node("MatMul", [in_name, "w"], [out_name], name="fc")],
-              [tensor(in_name, F32, [2, 4])], [tensor(out_name, F32, [2, 4])], [init("w", w)])
+    m = model(
+        [helper.make_node("MatMul", [in_name, "w"], [out_name], name="fc")],
+        [tensor(in_name, F32, [2, 4])],
+        [tensor(out_name, F32, [2, 4])],
+        [init("w", w)],
+    )
     path = tmp_path / f"{in_name}_{out_name}.onnx"
     onnx.save(m, path)
     return path
 
 
-@pytest.mark.parametrize("case", ["missing reference", "missing converted", "not onnx", "different inputs",
-                                  "different outputs", "unknown class output", "missing report folder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing reference",
+        "missing converted",
+        "not onnx",
+        "different inputs",
+        "different outputs",
+        "unknown class output",
+        "missing report folder",
+    ],
+)
 def test_usage_and_input_errors_exit_2(tmp_path, case):
     ref = two_models(tmp_path)
     conv = autocast_onnx.convert(str(ref)).model
@@ -468,6 +504,7 @@ def test_usage_and_input_errors_exit_2(tmp_path, case):
 
 # ------------------------------------------------------------------------------------ pyproject settings
 
+
 def write_pyproject(folder, body):
     (folder / "pyproject.toml").write_text('[project]\nname = "demo"\n\n[tool.autocast-onnx]\n' + body)
 
@@ -497,8 +534,15 @@ def test_pyproject_in_a_parent_folder_with_hyphenated_keys(resnet16, tmp_path, m
     assert cli("validate", RESNET, resnet16, "--no-speed", "--min-cosine", "0.9").code == 0
 
 
-@pytest.mark.parametrize("body, word", [("tolerance = 1\n", "tolerance"), ('atol = "small"\n', "atol"),
-                                        ("atol = true\n", "atol"), ("atol = [1\n", "TOML")])
+@pytest.mark.parametrize(
+    "body, word",
+    [
+        ("tolerance = 1\n", "tolerance"),
+        ('atol = "small"\n', "atol"),
+        ("atol = true\n", "atol"),
+        ("atol = [1\n", "TOML"),
+    ],
+)
 def test_bad_pyproject_settings_exit_2(resnet16, tmp_path, monkeypatch, body, word):
     project = tmp_path / "project"
     project.mkdir()
@@ -517,6 +561,7 @@ def test_pyproject_without_the_section_changes_nothing(resnet16, tmp_path, monke
 
 
 # ------------------------------------------------------------------------------------ convert --validate
+
 
 def test_convert_then_validate_on_digits(tmp_path):
     data = np.load(DATA / "digits_test.npz")
@@ -551,8 +596,19 @@ def test_convert_validate_refuses_bad_flags_before_writing(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ reports
 
-TOP_LEVEL = {"schema_version", "reference", "converted", "device", "numerics", "inputs", "thresholds", "outputs",
-             "passed", "speed", "precision_by_op"}
+TOP_LEVEL = {
+    "schema_version",
+    "reference",
+    "converted",
+    "device",
+    "numerics",
+    "inputs",
+    "thresholds",
+    "outputs",
+    "passed",
+    "speed",
+    "precision_by_op",
+}
 
 
 def strict_json(text):
@@ -618,7 +674,7 @@ def test_report_html_is_self_contained(bert16, tmp_path):
     path = folder / "report.html"
     r = cli("validate", BERT, bert16, *FAST, "--report-html", path)
     assert r.code == 0, r.stdout + r.stderr
-    assert sorted(p.name for p in folder.iterdir()) == ["report.html"]     # one file
+    assert sorted(p.name for p in folder.iterdir()) == ["report.html"]  # one file
     page = path.read_text(encoding="utf-8")
     assert page.lstrip().lower().startswith("<!doctype html>")
     # nothing fetched: the only URL allowed is the SVG namespace name, which is not a reference
@@ -654,8 +710,11 @@ def test_report_html_without_speed_and_for_a_failure(resnet16, tmp_path):
 
 def test_text_speed_section(resnet16):
     r = cli("validate", RESNET, resnet16, *FAST)
-    assert re.search(rf"speed \(cpu, batch {DEFAULT_BATCH}, 2 runs after 0 warm-up\): reference p50 [0-9.]+ ms, "
-                     r"converted p50 [0-9.]+ ms -> speed-up [0-9.]+x", r.stdout)
+    assert re.search(
+        rf"speed \(cpu, batch {DEFAULT_BATCH}, 2 runs after 0 warm-up\): reference p50 [0-9.]+ ms, "
+        r"converted p50 [0-9.]+ ms -> speed-up [0-9.]+x",
+        r.stdout,
+    )
     assert re.search(r"p90 [0-9.]+ / [0-9.]+ ms, min [0-9.]+ / [0-9.]+ ms", r.stdout)
     assert "note: measured on CPU" in r.stdout
     assert "speed" not in cli("validate", RESNET, resnet16, "--no-speed").stdout
@@ -676,6 +735,7 @@ def test_report_for_in_memory_models():
 
 # ----------------------------------------------------------------------------------------------- end to end
 
+
 @pytest.mark.parametrize("path", sorted(MODELS.glob("*.onnx")), ids=lambda p: p.stem)
 def test_example_models_pass_with_emulation(path):
     result = autocast_onnx.convert(str(path))
@@ -689,11 +749,17 @@ def test_example_models_pass_with_emulation(path):
 
 
 def test_example_models_are_all_covered():
-    assert {p.stem for p in MODELS.glob("*.onnx")} >= {"bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny",
-                                                       "digits_cnn"}
+    assert {p.stem for p in MODELS.glob("*.onnx")} >= {
+        "bert_tiny",
+        "gpt2_tiny",
+        "resnet_tiny",
+        "vit_tiny",
+        "digits_cnn",
+    }
 
 
 # --------------------------------------------------------------------------------------------------- device
+
 
 def test_device_cpu(resnet16):
     report = validate(RESNET, resnet16, ValidateOptions(device="cpu", speed=False))
@@ -731,6 +797,7 @@ def test_numerics_plain_and_bad_numerics(resnet16):
 
 
 # -------------------------------------------------------------------------------------------------- package
+
 
 def test_validate_package_is_shipped():
     """Every subpackage of autocast_onnx must be listed in pyproject's [tool.setuptools] packages, or

@@ -50,8 +50,10 @@ def io_signature(m: onnx.ModelProto):
 
 def io_types(m: onnx.ModelProto):
     inits = {t.name for t in m.graph.initializer}
-    return ([(v.name, v.type.tensor_type.elem_type) for v in m.graph.input if v.name not in inits],
-            [(v.name, v.type.tensor_type.elem_type) for v in m.graph.output])
+    return (
+        [(v.name, v.type.tensor_type.elem_type) for v in m.graph.input if v.name not in inits],
+        [(v.name, v.type.tensor_type.elem_type) for v in m.graph.output],
+    )
 
 
 def nonfinite(a) -> int:
@@ -95,6 +97,7 @@ def cli(*args) -> CliResult:
 
 
 def cli_proc(*args, cwd=None) -> CliResult:
-    proc = subprocess.run([sys.executable, "-m", "autocast_onnx", *map(str, args)], check=False, capture_output=True,
-                          text=True, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd
+    )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)

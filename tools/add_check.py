@@ -70,8 +70,12 @@ def parse_args(argv):
     parser.add_argument("--severity", required=True, help="error, warning or info")
     parser.add_argument("--summary", required=True, help="one line (docs/rules.md and `autocast-onnx rules`)")
     parser.add_argument("--kind", help="implementation: an existing kind to reuse, or a new one (default: the name)")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
-                        help="repository to edit (default: the one holding this script)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent,
+        help="repository to edit (default: the one holding this script)",
+    )
     return parser.parse_args(argv)
 
 
@@ -94,8 +98,11 @@ def severities(root: Path) -> tuple[str, ...]:
 
 def kinds_dict(tree: ast.Module, where: Path) -> ast.Dict:
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                and any(isinstance(t, ast.Name) and t.id == "KINDS" for t in node.targets)):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Dict)
+            and any(isinstance(t, ast.Name) and t.id == "KINDS" for t in node.targets)
+        ):
             return node.value
     raise UsageError(f"{where}: no `KINDS = {{...}}` dict found")
 
@@ -125,12 +132,22 @@ def top_level_names(tree: ast.Module) -> set[str]:
 def git_history(root: Path) -> str:
     """`git log -p` of rules/lint.toml when --root is the top of a git work tree, else ""."""
     try:
-        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], check=False,
-                             capture_output=True, text=True, timeout=30)
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if top.returncode or Path(top.stdout.strip()).resolve() != root.resolve():
             return ""
-        log = subprocess.run(["git", "-C", str(root), "log", "--format=", "-p", "--", str(LINT_TOML)],
-                             check=False, capture_output=True, text=True, timeout=60)
+        log = subprocess.run(
+            ["git", "-C", str(root), "log", "--format=", "-p", "--", str(LINT_TOML)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return log.stdout if log.returncode == 0 else ""
@@ -154,17 +171,22 @@ def validate(args, root: Path) -> dict:
 
     code = args.code.strip()
     if not CODE.match(code):
-        raise UsageError(f"--code {args.code!r} is not of the form AC123 (AC1xx ops, AC2xx constants, "
-                         "AC3xx graph and types, AC4xx performance, AC9xx the linter itself)")
+        raise UsageError(
+            f"--code {args.code!r} is not of the form AC123 (AC1xx ops, AC2xx constants, "
+            "AC3xx graph and types, AC4xx performance, AC9xx the linter itself)"
+        )
     if code in codes:
         raise UsageError(f"--code {code} is already used in {LINT_TOML} (codes are unique: pick an unused one)")
     if code in retired_codes(git_history(root), codes):
-        raise UsageError(f"--code {code} was used before and is retired (the git history of {LINT_TOML} has it; "
-                         "codes are never reused: pick a new one)")
+        raise UsageError(
+            f"--code {code} was used before and is retired (the git history of {LINT_TOML} has it; "
+            "codes are never reused: pick a new one)"
+        )
     name = args.name.strip()
     if not KEBAB.match(name):
-        raise UsageError(f"--name {args.name!r} is not kebab-case (lowercase words joined by '-', "
-                         "e.g. softmax-in-low-precision)")
+        raise UsageError(
+            f"--name {args.name!r} is not kebab-case (lowercase words joined by '-', e.g. softmax-in-low-precision)"
+        )
     if name in names:
         raise UsageError(f"--name {name} is already the name of {names[name]} (names are unique: pick another)")
     allowed = severities(root)
@@ -182,8 +204,9 @@ def validate(args, root: Path) -> dict:
         raise UsageError(f"--kind {kind!r} is not kebab-case (existing kinds: {', '.join(sorted(kinds))})")
     new_kind = kind not in kinds
     if not new_kind and args.kind is None:
-        raise UsageError(f"kind {kind!r} already exists: pass --kind {kind} to reuse it, or --kind NEW-KIND "
-                         "for a new implementation")
+        raise UsageError(
+            f"kind {kind!r} already exists: pass --kind {kind} to reuse it, or --kind NEW-KIND for a new implementation"
+        )
     func = kind.replace("-", "_")
     if new_kind and (keyword.iskeyword(func) or func in top_level_names(tree)):
         raise UsageError(f"{CHECKS_PY} already defines {func!r}: choose another --kind")
@@ -191,11 +214,30 @@ def validate(args, root: Path) -> dict:
     if re.search(rf"^def test_{code.lower()}_", tests, re.MULTILINE):
         raise UsageError(f"{TESTS_PY} already has tests named test_{code.lower()}_*: remove them first")
     read(root, RULES_MD)
-    params = sorted({k for e in entries if e.get("kind") == kind for k in e
-                     if k not in ("code", "name", "severity", "kind", "summary", "why", "fix", "example")})
-    return {"code": code, "name": name, "severity": args.severity, "summary": summary, "kind": kind,
-            "new_kind": new_kind, "func": func, "params": params, "lint_text": text, "entries": entries,
-            "checks_src": checks_src, "tree": tree, "tests": tests}
+    params = sorted(
+        {
+            k
+            for e in entries
+            if e.get("kind") == kind
+            for k in e
+            if k not in ("code", "name", "severity", "kind", "summary", "why", "fix", "example")
+        }
+    )
+    return {
+        "code": code,
+        "name": name,
+        "severity": args.severity,
+        "summary": summary,
+        "kind": kind,
+        "new_kind": new_kind,
+        "func": func,
+        "params": params,
+        "lint_text": text,
+        "entries": entries,
+        "checks_src": checks_src,
+        "tree": tree,
+        "tests": tests,
+    }
 
 
 # ---- edits (pure functions: old text -> new text) -----------------------------------------------
@@ -205,19 +247,25 @@ def toml_str(value: str) -> str:
 
 
 def catalog_entry(spec: dict) -> str:
-    lines = ["[[check]]",
-             f"code = {toml_str(spec['code'])}",
-             f"name = {toml_str(spec['name'])}",
-             f"severity = {toml_str(spec['severity'])}",
-             f"kind = {toml_str(spec['kind'])}"]
+    lines = [
+        "[[check]]",
+        f"code = {toml_str(spec['code'])}",
+        f"name = {toml_str(spec['name'])}",
+        f"severity = {toml_str(spec['severity'])}",
+        f"kind = {toml_str(spec['kind'])}",
+    ]
     if spec["params"]:
-        lines.append(f"# TODO: the parameters of kind {spec['kind']!r} ({', '.join(spec['params'])}); "
-                     "see the other checks of this kind")
-    lines += [f"summary = {toml_str(spec['summary'])}",
-              'why = """TODO: why is this a problem? What goes wrong in fp16/bf16 (overflow, flush to zero, lost',
-              'precision, slower kernels), and what PyTorch autocast, TensorFlow or ONNX Runtime do about it."""',
-              'fix = "TODO: what to do about it (and whether autocast-onnx convert does it by default)."',
-              'example = "TODO: the smallest graph that shows it, e.g. x (fp16) -> Op (fp16) -> y"']
+        lines.append(
+            f"# TODO: the parameters of kind {spec['kind']!r} ({', '.join(spec['params'])}); "
+            "see the other checks of this kind"
+        )
+    lines += [
+        f"summary = {toml_str(spec['summary'])}",
+        'why = """TODO: why is this a problem? What goes wrong in fp16/bf16 (overflow, flush to zero, lost',
+        'precision, slower kernels), and what PyTorch autocast, TensorFlow or ONNX Runtime do about it."""',
+        'fix = "TODO: what to do about it (and whether autocast-onnx convert does it by default)."',
+        'example = "TODO: the smallest graph that shows it, e.g. x (fp16) -> Op (fp16) -> y"',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -230,7 +278,7 @@ def insert_entry(text: str, spec: dict) -> tuple[str, int]:
     later = [i for i, e in zip(headers, spec["entries"]) if str(e.get("code", "")) > spec["code"]]
     if later:
         at = later[0]
-        while at > 0 and lines[at - 1].lstrip().startswith("#"):   # keep a comment with its entry
+        while at > 0 and lines[at - 1].lstrip().startswith("#"):  # keep a comment with its entry
             at -= 1
         new = lines[:at] + [entry, "\n"] + lines[at:]
         return "".join(new), at + 1
@@ -256,10 +304,9 @@ def add_stub(src: str, spec: dict) -> str:
     assign = next(n for n in spec["tree"].body if isinstance(n, ast.Assign) and n.value is kinds)
     lines = src.splitlines(keepends=True)
     assert kinds.end_lineno is not None
-    close = kinds.end_lineno - 1                          # 0-based line of the closing brace
+    close = kinds.end_lineno - 1  # 0-based line of the closing brace
     if lines[close].strip() != "}":
-        raise UsageError(f"{CHECKS_PY}: expected KINDS to end with a '}}' line; register "
-                         f"{spec['func']} by hand")
+        raise UsageError(f"{CHECKS_PY}: expected KINDS to end with a '}}' line; register {spec['func']} by hand")
     last = close - 1
     while last > assign.lineno - 1 and not lines[last].strip():
         last -= 1
@@ -273,16 +320,28 @@ def add_stub(src: str, spec: dict) -> str:
 
 def test_section(spec: dict) -> str:
     code, low = spec["code"], spec["code"].lower()
-    where = (f"implement kind {spec['kind']!r} ({spec['func']} in autocast_onnx/lint/checks.py)" if spec["new_kind"]
-             else f"set the parameters of kind {spec['kind']!r} in rules/lint.toml")
+    where = (
+        f"implement kind {spec['kind']!r} ({spec['func']} in autocast_onnx/lint/checks.py)"
+        if spec["new_kind"]
+        else f"set the parameters of kind {spec['kind']!r} in rules/lint.toml"
+    )
     title = f"# ---- {code}: {spec['name']} "
-    intro = textwrap.fill(f"Scaffolded by tools/add_check.py. TODO({code}): make _{low}_model(bad=True) the "
-                          f"smallest graph that shows the problem and _{low}_model(bad=False) the same graph "
-                          f"fixed, then {where} until test_{low}_bad passes with the real node, op type and "
-                          "message words.", width=100, initial_indent="# ", subsequent_indent="# ",
-                          break_on_hyphens=False)
-    failure = textwrap.wrap(f"TODO({code}): scaffold, not implemented yet: {where} so that it flags the bad model",
-                            width=80, break_on_hyphens=False, drop_whitespace=False)
+    intro = textwrap.fill(
+        f"Scaffolded by tools/add_check.py. TODO({code}): make _{low}_model(bad=True) the "
+        f"smallest graph that shows the problem and _{low}_model(bad=False) the same graph "
+        f"fixed, then {where} until test_{low}_bad passes with the real node, op type and "
+        "message words.",
+        width=100,
+        initial_indent="# ",
+        subsequent_indent="# ",
+        break_on_hyphens=False,
+    )
+    failure = textwrap.wrap(
+        f"TODO({code}): scaffold, not implemented yet: {where} so that it flags the bad model",
+        width=80,
+        break_on_hyphens=False,
+        drop_whitespace=False,
+    )
     failure_lines = f"\n{' ' * 29}".join(toml_str(part) for part in failure)
     return f'''
 
@@ -312,8 +371,14 @@ def regenerate_docs(root: Path) -> bytes:
     """`autocast-onnx rules --format markdown`, run on the package under `root`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    proc = subprocess.run([sys.executable, "-m", "autocast_onnx", "rules", "--format", "markdown"], cwd=root,
-                          env=env, check=False, capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", "rules", "--format", "markdown"],
+        cwd=root,
+        env=env,
+        check=False,
+        capture_output=True,
+        timeout=300,
+    )
     if proc.returncode:
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         raise RuntimeError(err[-1] if err else f"exit code {proc.returncode}")
@@ -331,22 +396,28 @@ def scaffold(args) -> list[str]:
         added = [e for e in tomllib.loads(lint_text)["check"] if e.get("code") == spec["code"]]
         assert len(added) == 1 and added[0]["name"] == spec["name"], "the generated entry does not parse back"
         (root / LINT_TOML).write_text(lint_text, encoding="utf-8")
-        changes.append(f"{LINT_TOML}:{line}: added {spec['code']} {spec['name']} ({spec['severity']}, "
-                       f"kind {spec['kind']}) with TODO why/fix/example")
+        changes.append(
+            f"{LINT_TOML}:{line}: added {spec['code']} {spec['name']} ({spec['severity']}, "
+            f"kind {spec['kind']}) with TODO why/fix/example"
+        )
         if spec["new_kind"]:
             src = add_stub(spec["checks_src"], spec)
             ast.parse(src)
             (root / CHECKS_PY).write_text(src, encoding="utf-8")
-            changes.append(f"{CHECKS_PY}: added stub {spec['func']}() (yields nothing) and registered "
-                           f"KINDS[{spec['kind']!r}]")
+            changes.append(
+                f"{CHECKS_PY}: added stub {spec['func']}() (yields nothing) and registered KINDS[{spec['kind']!r}]"
+            )
         else:
-            changes.append(f"{CHECKS_PY}: unchanged (reuses kind {spec['kind']!r}, "
-                           f"{known_kinds(spec['tree'], CHECKS_PY)[spec['kind']]})")
+            changes.append(
+                f"{CHECKS_PY}: unchanged (reuses kind {spec['kind']!r}, "
+                f"{known_kinds(spec['tree'], CHECKS_PY)[spec['kind']]})"
+            )
         tests = spec["tests"].rstrip("\n") + "\n" + test_section(spec)
         (root / TESTS_PY).write_text(tests, encoding="utf-8")
         low = spec["code"].lower()
-        changes.append(f"{TESTS_PY}: appended test_{low}_bad (fails until the check is implemented) and "
-                       f"test_{low}_good")
+        changes.append(
+            f"{TESTS_PY}: appended test_{low}_bad (fails until the check is implemented) and test_{low}_good"
+        )
         (root / RULES_MD).write_bytes(regenerate_docs(root))
         changes.append(f"{RULES_MD}: regenerated (autocast-onnx rules --format markdown)")
     except BaseException:
@@ -364,17 +435,24 @@ def main(argv=None) -> int:
         print(f"add_check.py: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        hint = ("run this script with the project's .venv/bin/python" if "No module named" in str(exc)
-                else "fix `autocast-onnx rules --format markdown` first")
-        print(f"add_check.py: error: regenerating docs/rules.md failed, nothing was changed: {exc} ({hint})",
-              file=sys.stderr)
+        hint = (
+            "run this script with the project's .venv/bin/python"
+            if "No module named" in str(exc)
+            else "fix `autocast-onnx rules --format markdown` first"
+        )
+        print(
+            f"add_check.py: error: regenerating docs/rules.md failed, nothing was changed: {exc} ({hint})",
+            file=sys.stderr,
+        )
         return 3
     for line in changes:
         print(line)
     code = args.code.strip().lower()
-    print(f"next: implement the check, fill in the TODOs (grep -rn 'TODO({args.code.strip()}' and the catalog "
-          f"entry), run `.venv/bin/python -m pytest -q tests/test_lint_checks.py -k {code} tests/test_rules_doc.py` "
-          "and regenerate docs/rules.md once why/fix/example are written")
+    print(
+        f"next: implement the check, fill in the TODOs (grep -rn 'TODO({args.code.strip()}' and the catalog "
+        f"entry), run `.venv/bin/python -m pytest -q tests/test_lint_checks.py -k {code} tests/test_rules_doc.py` "
+        "and regenerate docs/rules.md once why/fix/example are written"
+    )
     return 0
 
 

@@ -151,8 +151,15 @@ def optimize_graph(model_ir) -> onnx.ModelProto:
 
 
 _REDUCE_OPS = {
-    "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
-    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceMean",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
 }
 
 
@@ -327,7 +334,9 @@ def check_and_compare(
     assert worst < ATOL, f"{path.name}: max abs diff {worst} >= {ATOL}"
 
     hist = collections.Counter(n.op_type for n in model.graph.node)
-    print(f"    file size: {size} bytes ({size / 1024:.1f} KiB), sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}")
+    print(
+        f"    file size: {size} bytes ({size / 1024:.1f} KiB), sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+    )
     print(f"    nodes: {len(model.graph.node)}, initializers: {len(model.graph.initializer)}")
     print("    op histogram: " + ", ".join(f"{k}={v}" for k, v in sorted(hist.items(), key=lambda kv: (-kv[1], kv[0]))))
     for io_kind, vals in (("input", model.graph.input), ("output", model.graph.output)):
@@ -357,7 +366,9 @@ def report_large_constants(model: onnx.ModelProto) -> None:
         arr = onnx.numpy_helper.to_array(t)
         if arr.size and np.max(np.abs(arr)) > 65504.0:
             vals = np.unique(arr[np.abs(arr) > 65504.0])
-            print(f"    constant outside fp16 range: {name} shape={list(arr.shape)} values={vals.tolist()} used by {consumers[name]}")
+            print(
+                f"    constant outside fp16 range: {name} shape={list(arr.shape)} values={vals.tolist()} used by {consumers[name]}"
+            )
 
 
 def _ort_session(path: Path) -> ort.InferenceSession:
@@ -384,7 +395,9 @@ def check_bert_mask(path: Path) -> None:
     c = sess.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": full, "token_type_ids": tt})[0]
     d = sess.run(["last_hidden_state"], {"input_ids": ids2, "attention_mask": full, "token_type_ids": tt})[0]
     unmasked = float(np.abs(c[:, :8] - d[:, :8]).max())
-    print(f"    mask check: change of padded tokens moves real positions by {masked:.1e} (masked) vs {unmasked:.1e} (unmasked)")
+    print(
+        f"    mask check: change of padded tokens moves real positions by {masked:.1e} (masked) vs {unmasked:.1e} (unmasked)"
+    )
     assert masked < 1e-5 < unmasked
 
 
@@ -407,7 +420,9 @@ def check_gpt2_mask(path: Path) -> None:
     c = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
     d = sess.run(["logits"], {"input_ids": ids3, "attention_mask": mask})[0]
     padded = float(np.abs(c[:, 3:] - d[:, 3:]).max())
-    print(f"    mask check: causal leak {causal:.1e} (changed positions move {later:.1e}), left-padding leak {padded:.1e}")
+    print(
+        f"    mask check: causal leak {causal:.1e} (changed positions move {later:.1e}), left-padding leak {padded:.1e}"
+    )
     assert causal < 1e-5 < later and padded < 1e-5
 
 
@@ -567,9 +582,7 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.downsample = None
         if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
@@ -581,9 +594,7 @@ class BasicBlock(nn.Module):
 class ResNetTiny(nn.Module):
     def __init__(self, num_classes: int = 10):
         super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
-        )
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
         self.layer1 = BasicBlock(16, 16, 1)
         self.layer2 = BasicBlock(16, 32, 2)
         self.layer3 = BasicBlock(32, 64, 2)
@@ -631,10 +642,7 @@ def build_resnet() -> dict:
     assert n_bn > 0, "BatchNormalization nodes were folded away"
 
     rng = np.random.default_rng(SEED + 2)
-    feeds = [
-        {"pixel_values": (rng.standard_normal((b, 3, 32, 32)) * 2.0 + 0.5).astype(np.float32)}
-        for b in (2, 1, 5)
-    ]
+    feeds = [{"pixel_values": (rng.standard_normal((b, 3, 32, 32)) * 2.0 + 0.5).astype(np.float32)} for b in (2, 1, 5)]
     return check_and_compare(path, model, feeds)
 
 
@@ -724,9 +732,7 @@ def build_digits() -> dict:
     digits = load_digits()
     x = (digits.images.astype(np.float32) / 16.0)[:, None, :, :]  # [N,1,8,8] in [0,1]
     y = digits.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=0.25, random_state=0, stratify=y
-    )
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
 
     model = DigitsCNN()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
@@ -765,9 +771,7 @@ def build_digits() -> dict:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     save_npz(DATA_DIR / "digits_test.npz", x=x_te.astype(np.float32), y=y_te.astype(np.int64))
 
-    stats = check_and_compare(
-        path, model, [{"pixels": x_te[:7]}, {"pixels": x_te[:1]}, {"pixels": x_te}]
-    )
+    stats = check_and_compare(path, model, [{"pixels": x_te[:7]}, {"pixels": x_te[:1]}, {"pixels": x_te}])
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     probs = sess.run(["probs"], {"pixels": x_te})[0]
     acc = float((probs.argmax(1) == y_te).mean())
@@ -775,11 +779,19 @@ def build_digits() -> dict:
     assert acc >= 0.95, f"digits accuracy too low: {acc}"
     meta = {
         "test_accuracy": round(acc, 6),
-        "n_test": int(len(y_te)),
-        "input": {"name": "pixels", "dtype": "float32", "shape": ["batch", 1, 8, 8],
-                  "description": "8x8 grey-level digit images scaled to [0, 1] (original 0..16 divided by 16)"},
-        "output": {"name": "probs", "dtype": "float32", "shape": ["batch", 10],
-                   "description": "softmax class probabilities for digits 0-9"},
+        "n_test": len(y_te),
+        "input": {
+            "name": "pixels",
+            "dtype": "float32",
+            "shape": ["batch", 1, 8, 8],
+            "description": "8x8 grey-level digit images scaled to [0, 1] (original 0..16 divided by 16)",
+        },
+        "output": {
+            "name": "probs",
+            "dtype": "float32",
+            "shape": ["batch", 10],
+            "description": "softmax class probabilities for digits 0-9",
+        },
         "test_data": "examples/data/digits_test.npz (x: float32 [n_test,1,8,8], y: int64 [n_test])",
         "split": {"test_size": 0.25, "random_state": 0, "stratify": True},
     }
@@ -799,7 +811,9 @@ BUILDERS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"subset to build, from {list(BUILDERS)} (default: all)")
+    parser.add_argument(
+        "models", nargs="*", metavar="MODEL", help=f"subset to build, from {list(BUILDERS)} (default: all)"
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.models if m not in BUILDERS]
     if unknown:

@@ -10,6 +10,7 @@ the tool reads.
 
     python tools/gen_default_rules.py [path/to/onnx_op_categories.csv]
 """
+
 import csv
 import json
 import pathlib
@@ -26,20 +27,32 @@ CATEGORY_OF = {
     "non_float": "non_float",
 }
 OVERRIDES = {
-    ("ai.onnx", "Sqrt"): ("keep_fp32", "departs from TF (infer) and MXNet (neutral): sqrt of a variance sum that "
-                          "overflowed or flushed in fp16 gives inf/0 and then NaN after the divide; kept fp32 like "
-                          "Pow and Reciprocal, which surround it in decomposed normalizations"),
-    ("ai.onnx", "BatchNormalization"): ("keep_fp32", "departs from TF (infer) and MXNet (neutral): every "
-                                        "normalization stays fp32; running variance + epsilon can flush in fp16 "
-                                        "and tiny variances blow up 1/sqrt(var)"),
-    ("ai.onnx", "ReduceMax"): ("keep_fp32", "departs from TF (clear): the selection is exact, but every Reduce* op "
-                               "is kept fp32 so reductions are one uniform rule; move it to [ops.clear] in your "
-                               "rule file if the casts cost more than they save"),
-    ("ai.onnx", "ReduceMin"): ("keep_fp32", "departs from TF (clear): the selection is exact, but every Reduce* op "
-                               "is kept fp32 so reductions are one uniform rule; move it to [ops.clear] in your "
-                               "rule file if the casts cost more than they save"),
+    ("ai.onnx", "Sqrt"): (
+        "keep_fp32",
+        "departs from TF (infer) and MXNet (neutral): sqrt of a variance sum that "
+        "overflowed or flushed in fp16 gives inf/0 and then NaN after the divide; kept fp32 like "
+        "Pow and Reciprocal, which surround it in decomposed normalizations",
+    ),
+    ("ai.onnx", "BatchNormalization"): (
+        "keep_fp32",
+        "departs from TF (infer) and MXNet (neutral): every "
+        "normalization stays fp32; running variance + epsilon can flush in fp16 "
+        "and tiny variances blow up 1/sqrt(var)",
+    ),
+    ("ai.onnx", "ReduceMax"): (
+        "keep_fp32",
+        "departs from TF (clear): the selection is exact, but every Reduce* op "
+        "is kept fp32 so reductions are one uniform rule; move it to [ops.clear] in your "
+        "rule file if the casts cost more than they save",
+    ),
+    ("ai.onnx", "ReduceMin"): (
+        "keep_fp32",
+        "departs from TF (clear): the selection is exact, but every Reduce* op "
+        "is kept fp32 so reductions are one uniform rule; move it to [ops.clear] in your "
+        "rule file if the casts cost more than they save",
+    ),
 }
-HEADER = '''\
+HEADER = """\
 # autocast-onnx default rule profile.
 #
 # Every op of ai.onnx, ai.onnx.ml, ai.onnx.preview(.training) and com.microsoft is listed in exactly
@@ -77,7 +90,7 @@ max_flush_fraction = 0.01
 # the target type) / calibration_headroom in magnitude, or whose nonzero values all flush to zero,
 # stays fp32. 4 leaves room for inputs larger than the calibration data.
 calibration_headroom = 4.0
-'''
+"""
 
 
 def key_of(domain: str, op: str) -> str:
@@ -113,9 +126,11 @@ def main() -> None:
             category, reason = OVERRIDES[(domain, op)]
         elif category != "keep_fp32" and category != "non_float" and row["ort_cuda_fp16_kernel"] == "no":
             category = "keep_fp32"
-            reason = (f"departs from the suggested '{CATEGORY_OF[row['suggested_category']]}': ONNX Runtime's CUDA "
-                      f"provider has no float16 kernel ({row['ort_cuda_note']}), so low precision would only add "
-                      f"casts around an fp32 or CPU fallback; was: {row['reason']}")
+            reason = (
+                f"departs from the suggested '{CATEGORY_OF[row['suggested_category']]}': ONNX Runtime's CUDA "
+                f"provider has no float16 kernel ({row['ort_cuda_note']}), so low precision would only add "
+                f"casts around an fp32 or CPU fallback; was: {row['reason']}"
+            )
         by_cat[category].append((key_of(domain, op), reason))
         fixed = [p for p in row["fixed_fp32_ports"].split(";") if p]
         ins = [p[3:] for p in fixed if p.startswith("in:")]

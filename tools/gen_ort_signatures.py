@@ -6,6 +6,7 @@ run time.
 
 Run with onnxruntime installed:  python tools/gen_ort_signatures.py
 """
+
 import json
 import pathlib
 

@@ -165,8 +165,9 @@ def _merge(rules: RuleSet, path: Path) -> None:
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         line = re.search(r"line (\d+)", msg)
-        raise AutocastError(f"invalid TOML: {msg}", f"{where}:{line.group(1)}" if line else where,
-                            "fix the syntax") from None
+        raise AutocastError(
+            f"invalid TOML: {msg}", f"{where}:{line.group(1)}" if line else where, "fix the syntax"
+        ) from None
     lines = _Lines(text)
     rules.files.append(where)
 
@@ -175,8 +176,11 @@ def _merge(rules: RuleSet, path: Path) -> None:
 
     for key in data:
         if key not in TOP_KEYS:
-            fail(f"unknown table or key '{key}'", lines.key("", key) if ("", key) in lines.keys else lines.table(key),
-                 f"allowed: {', '.join(sorted(TOP_KEYS))}")
+            fail(
+                f"unknown table or key '{key}'",
+                lines.key("", key) if ("", key) in lines.keys else lines.table(key),
+                f"allowed: {', '.join(sorted(TOP_KEYS))}",
+            )
 
     settings = data.get("settings", {})
     _expect_table(settings, "settings", lines, where)
@@ -185,8 +189,7 @@ def _merge(rules: RuleSet, path: Path) -> None:
         if key not in SETTINGS_KEYS:
             fail(f"unknown key 'settings.{key}'", line, f"allowed: {', '.join(sorted(SETTINGS_KEYS))}")
         if value not in CATEGORIES:
-            fail(f"settings.unknown_op must be one of {', '.join(CATEGORIES)}, not {value!r}", line,
-                 "pick a category")
+            fail(f"settings.unknown_op must be one of {', '.join(CATEGORIES)}, not {value!r}", line, "pick a category")
         rules.unknown_op = OpRule(value, "category of ops that no rule file names", Source(where, line))
 
     thresholds = data.get("thresholds", {})
@@ -200,8 +203,12 @@ def _merge(rules: RuleSet, path: Path) -> None:
         if kind is int:
             ok_type = isinstance(value, int) and not isinstance(value, bool)
         if not ok_type or not (low <= value <= high):
-            fail(f"threshold '{key}' must be {'an integer' if kind is int else 'a number'} in [{low}, {high}], "
-                 f"not {value!r}", line, "fix the value")
+            fail(
+                f"threshold '{key}' must be {'an integer' if kind is int else 'a number'} in [{low}, {high}], "
+                f"not {value!r}",
+                line,
+                "fix the value",
+            )
         rules.thresholds[key] = kind(value)
 
     ops = data.get("ops", {})
@@ -219,13 +226,19 @@ def _merge(rules: RuleSet, path: Path) -> None:
             if not match:
                 fail(f"'{op_key}' is not an op name (OpType or domain:OpType)", line, "fix the key")
             if not isinstance(why, str):
-                fail(f"'{op_key}' must map to a string saying why, not {type(why).__name__}", line,
-                     'write OpType = "reason"')
+                fail(
+                    f"'{op_key}' must map to a string saying why, not {type(why).__name__}",
+                    line,
+                    'write OpType = "reason"',
+                )
             ident = (normalize_domain(match.group("domain") or ""), match.group("op"))
             if ident in seen:
                 other_cat, other_line = seen[ident]
-                fail(f"op '{op_key}' is in two categories: '{other_cat}' (line {other_line}) and '{category}'",
-                     line, "keep it in one category")
+                fail(
+                    f"op '{op_key}' is in two categories: '{other_cat}' (line {other_line}) and '{category}'",
+                    line,
+                    "keep it in one category",
+                )
             seen[ident] = (category, line)
             rules.ops[ident] = OpRule(category, why, Source(where, line))
 
@@ -244,8 +257,9 @@ def _merge(rules: RuleSet, path: Path) -> None:
         ports = {}
         for key in ("inputs", "outputs"):
             value = spec.get(key, [])
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                      for v in value):
+            if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+            ):
                 fail(f"pin '{op_key}': '{key}' must be a list of port indices (integers >= 0)", line, "fix the list")
             ports[key] = tuple(value)
         ident = (normalize_domain(match.group("domain") or ""), match.group("op"))
@@ -260,13 +274,16 @@ def _merge(rules: RuleSet, path: Path) -> None:
             fail("each [[nodes]] entry must be a table", line, "fix the entry")
         for key in entry:
             if key not in NODE_KEYS:
-                fail(f"unknown key '{key}' in [[nodes]]", lines.key("nodes", key, 0) if key else line,
-                     f"allowed: {', '.join(sorted(NODE_KEYS))}")
+                fail(
+                    f"unknown key '{key}' in [[nodes]]",
+                    lines.key("nodes", key, 0) if key else line,
+                    f"allowed: {', '.join(sorted(NODE_KEYS))}",
+                )
         if ("match" in entry) == ("name" in entry):
             fail("a [[nodes]] entry needs exactly one of 'match' (regex) or 'name' (exact)", line, "add one")
         precision = entry.get("precision")
         if precision not in ("fp32", "low"):
-            fail(f"[[nodes]] precision must be \"fp32\" or \"low\", not {precision!r}", line, "fix the value")
+            fail(f'[[nodes]] precision must be "fp32" or "low", not {precision!r}', line, "fix the value")
         pattern = None
         if "match" in entry:
             if not isinstance(entry["match"], str):
@@ -280,8 +297,16 @@ def _merge(rules: RuleSet, path: Path) -> None:
         op_types = entry.get("op_types")
         if op_types is not None and (not isinstance(op_types, list) or not all(isinstance(o, str) for o in op_types)):
             fail("[[nodes]] op_types must be a list of op names", line, "fix the list")
-        rules.node_rules.append(NodeRule(pattern, entry.get("name"), precision, str(entry.get("why", "")),
-                                         frozenset(op_types) if op_types is not None else None, Source(where, line)))
+        rules.node_rules.append(
+            NodeRule(
+                pattern,
+                entry.get("name"),
+                precision,
+                str(entry.get("why", "")),
+                frozenset(op_types) if op_types is not None else None,
+                Source(where, line),
+            )
+        )
 
 
 def _expect_table(value, name: str, lines: _Lines, where: str) -> None:

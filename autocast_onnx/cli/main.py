@@ -8,7 +8,6 @@ it ends in exit 2 or 3 after writing them."""
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import traceback
@@ -55,9 +54,12 @@ def run_guarded(fn, *, doing: str, subject=None):
         _fail("interrupted; nothing was written", 130)
     except MemoryError:
         outputs.discard()
-        _fail(f"out of memory while {context}: the model or its inputs are too large for this machine "
-              "(use smaller --dim/--batches, or a machine with more memory)", EXIT_INPUT)
-    except Exception as exc:  # noqa: BLE001 - anything else is a bug: one line, exit 3
+        _fail(
+            f"out of memory while {context}: the model or its inputs are too large for this machine "
+            "(use smaller --dim/--batches, or a machine with more memory)",
+            EXIT_INPUT,
+        )
+    except Exception as exc:
         outputs.discard()
         if os.environ.get("AUTOCAST_ONNX_DEBUG"):
             traceback.print_exc(file=sys.stderr)
@@ -91,19 +93,24 @@ MAX_BATCHES, MAX_ITERATIONS, MAX_WARMUP = 10_000, 1_000_000, 100_000
 
 # ---- option groups (each owns its options; commands stack the groups they need) ----------------
 
+
 def _stack(options):
     def decorate(f):
         for option in reversed(options):
             f = option(f)
         return f
+
     return decorate
 
 
 def config_option(f):
     """--config: the configuration file every command reads (default: discovered)."""
-    return click.option("--config", type=PATH,
-                        help="Configuration file (default: the nearest autocast-onnx.toml or pyproject.toml "
-                             "with [tool.autocast-onnx]).")(f)
+    return click.option(
+        "--config",
+        type=PATH,
+        help="Configuration file (default: the nearest autocast-onnx.toml or pyproject.toml "
+        "with [tool.autocast-onnx]).",
+    )(f)
 
 
 def verbose_option(f):
@@ -115,36 +122,72 @@ def plan_options_group(keep_io: bool = True):
     """What decides the plan: shared by convert, explain, lint and check, so that all of them
     plan every node alike (flags override the configuration file)."""
     options = [
-        click.option("--precision", type=click.Choice(["fp16", "bf16"]), default=None,
-                     help="Low-precision type for the nodes that can take it [default: fp16, or the configuration's]."),
-        click.option("--rules", "rules", multiple=True, type=PATH,
-                     help="Extra rule file (TOML), applied over the default profile; repeatable, later wins."),
-        click.option("--exclude-op", multiple=True, type=TEXT, help="Keep every node of this op type in fp32 (repeatable)."),
-        click.option("--exclude-node", multiple=True, type=TEXT,
-                     help="Keep nodes whose name matches this regex in fp32 (repeatable)."),
-        click.option("--include-node", multiple=True, type=TEXT,
-                     help="Force nodes whose name matches this regex to low precision (repeatable)."),
+        click.option(
+            "--precision",
+            type=click.Choice(["fp16", "bf16"]),
+            default=None,
+            help="Low-precision type for the nodes that can take it [default: fp16, or the configuration's].",
+        ),
+        click.option(
+            "--rules",
+            "rules",
+            multiple=True,
+            type=PATH,
+            help="Extra rule file (TOML), applied over the default profile; repeatable, later wins.",
+        ),
+        click.option(
+            "--exclude-op", multiple=True, type=TEXT, help="Keep every node of this op type in fp32 (repeatable)."
+        ),
+        click.option(
+            "--exclude-node",
+            multiple=True,
+            type=TEXT,
+            help="Keep nodes whose name matches this regex in fp32 (repeatable).",
+        ),
+        click.option(
+            "--include-node",
+            multiple=True,
+            type=TEXT,
+            help="Force nodes whose name matches this regex to low precision (repeatable).",
+        ),
     ]
     if keep_io:
-        options.insert(2, click.option("--keep-io-types/--no-keep-io-types", default=None,
-                                       help="Keep the types of the model's inputs and outputs [default: keep]."))
+        options.insert(
+            2,
+            click.option(
+                "--keep-io-types/--no-keep-io-types",
+                default=None,
+                help="Keep the types of the model's inputs and outputs [default: keep].",
+            ),
+        )
     return _stack(options)
 
 
 def lint_options_group(f):
     """Which lint checks run and what fails."""
-    return _stack([
-        click.option("--select", multiple=True, type=TEXT, help="Check codes, prefixes or names to run (repeatable; default all)."),
-        click.option("--ignore", multiple=True, type=TEXT, help="Check codes, prefixes or names to skip (repeatable)."),
-        click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest severity that fails [error]."),
-    ])(f)
+    return _stack(
+        [
+            click.option(
+                "--select",
+                multiple=True,
+                type=TEXT,
+                help="Check codes, prefixes or names to run (repeatable; default all).",
+            ),
+            click.option(
+                "--ignore", multiple=True, type=TEXT, help="Check codes, prefixes or names to skip (repeatable)."
+            ),
+            click.option(
+                "--fail-on", type=click.Choice(["error", "warning", "info"]), help="Lowest severity that fails [error]."
+            ),
+        ]
+    )(f)
 
 
 def _setup(config, verbose):
     """(settings, configuration file) for a command, after turning on debug logs if asked."""
-    from ..config import load_settings
-
     import logging
+
+    from ..config import load_settings
 
     root = logging.getLogger("autocast_onnx")
     if verbose:
@@ -161,10 +204,15 @@ def _setup(config, verbose):
 def _plan_from(settings, kw, keep_io: bool = True):
     from ..options import plan_options
 
-    return plan_options(settings, precision=kw.get("precision"), rules=kw.get("rules", ()),
-                        keep_io_types=kw.get("keep_io_types") if keep_io else None,
-                        exclude_ops=kw.get("exclude_op", ()), exclude_nodes=kw.get("exclude_node", ()),
-                        include_nodes=kw.get("include_node", ()))
+    return plan_options(
+        settings,
+        precision=kw.get("precision"),
+        rules=kw.get("rules", ()),
+        keep_io_types=kw.get("keep_io_types") if keep_io else None,
+        exclude_ops=kw.get("exclude_op", ()),
+        exclude_nodes=kw.get("exclude_node", ()),
+        include_nodes=kw.get("include_node", ()),
+    )
 
 
 def _given(ctx, names) -> list[str]:
@@ -185,40 +233,95 @@ def _refuse_unused(ctx, names, why: str, hint: str) -> None:
         raise AutocastError(f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}", None, hint)
 
 
-
 def validation_options(f):
     """Options shared by `validate`, `convert --validate` and `check`."""
-    return _stack([
-        click.option("--inputs", type=PATH, help="An .npz file (one batch) or a folder of .npz files."),
-        click.option("--dim", "dims", multiple=True, type=TEXT, help="Value of a symbolic dimension, NAME=VALUE (repeatable)."),
-        click.option("--input-range", "ranges", multiple=True, type=TEXT, help="Range of generated values, NAME=LO:HI (repeatable)."),
-        click.option("--batches", type=click.IntRange(1, MAX_BATCHES), default=1, show_default=True,
-                     help="Generated batches when no --inputs."),
-        click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
-                     help="Seed for generated inputs (0 to 2**32-1)."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-                     help="Where to run: CUDA when onnxruntime-gpu and a GPU are there (auto), or force one."),
-        click.option("--numerics", type=click.Choice(["auto", "emulate", "plain"]), default="auto", show_default=True,
-                     help="emulate: round every low-precision tensor like a GPU (default on CPU); plain: run as is."),
-        click.option("--atol", type=float, help="Max absolute error per output."),
-        click.option("--rtol", type=float, help="Max error relative to max |reference| per output [0.01]."),
-        click.option("--min-cosine", type=float, help="Min cosine similarity per output, -1 to 1 [0.999]."),
-        click.option("--min-top1", type=float, help="Min top-1 agreement for class-score outputs, 0 to 1 [0.99]."),
-        click.option("--class-output", "class_outputs", multiple=True, type=TEXT,
-                     help="Treat this output as class scores (top-1/top-k)."),
-        click.option("--speed/--no-speed", default=True, show_default=True, help="Measure latency and speed-up."),
-        click.option("--iterations", type=click.IntRange(1, MAX_ITERATIONS), default=20, show_default=True,
-                     help="Timed runs per model."),
-        click.option("--warmup", type=click.IntRange(0, MAX_WARMUP), default=3, show_default=True,
-                     help="Untimed runs first."),
-        click.option("--report-json", type=PATH, help="Write the report as JSON ('-': stdout)."),
-        click.option("--report-html", type=PATH, help="Write a self-contained HTML report ('-': stdout)."),
-    ])(f)
+    return _stack(
+        [
+            click.option("--inputs", type=PATH, help="An .npz file (one batch) or a folder of .npz files."),
+            click.option(
+                "--dim",
+                "dims",
+                multiple=True,
+                type=TEXT,
+                help="Value of a symbolic dimension, NAME=VALUE (repeatable).",
+            ),
+            click.option(
+                "--input-range",
+                "ranges",
+                multiple=True,
+                type=TEXT,
+                help="Range of generated values, NAME=LO:HI (repeatable).",
+            ),
+            click.option(
+                "--batches",
+                type=click.IntRange(1, MAX_BATCHES),
+                default=1,
+                show_default=True,
+                help="Generated batches when no --inputs.",
+            ),
+            click.option(
+                "--seed",
+                type=click.IntRange(0, 2**32 - 1),
+                default=0,
+                show_default=True,
+                help="Seed for generated inputs (0 to 2**32-1).",
+            ),
+            click.option(
+                "--device",
+                type=click.Choice(["auto", "cpu", "cuda"]),
+                default="auto",
+                show_default=True,
+                help="Where to run: CUDA when onnxruntime-gpu and a GPU are there (auto), or force one.",
+            ),
+            click.option(
+                "--numerics",
+                type=click.Choice(["auto", "emulate", "plain"]),
+                default="auto",
+                show_default=True,
+                help="emulate: round every low-precision tensor like a GPU (default on CPU); plain: run as is.",
+            ),
+            click.option("--atol", type=float, help="Max absolute error per output."),
+            click.option("--rtol", type=float, help="Max error relative to max |reference| per output [0.01]."),
+            click.option("--min-cosine", type=float, help="Min cosine similarity per output, -1 to 1 [0.999]."),
+            click.option("--min-top1", type=float, help="Min top-1 agreement for class-score outputs, 0 to 1 [0.99]."),
+            click.option(
+                "--class-output",
+                "class_outputs",
+                multiple=True,
+                type=TEXT,
+                help="Treat this output as class scores (top-1/top-k).",
+            ),
+            click.option("--speed/--no-speed", default=True, show_default=True, help="Measure latency and speed-up."),
+            click.option(
+                "--iterations",
+                type=click.IntRange(1, MAX_ITERATIONS),
+                default=20,
+                show_default=True,
+                help="Timed runs per model.",
+            ),
+            click.option(
+                "--warmup", type=click.IntRange(0, MAX_WARMUP), default=3, show_default=True, help="Untimed runs first."
+            ),
+            click.option("--report-json", type=PATH, help="Write the report as JSON ('-': stdout)."),
+            click.option("--report-html", type=PATH, help="Write a self-contained HTML report ('-': stdout)."),
+        ]
+    )(f)
 
 
 # validation options by what uses them: the comparison alone, or also the --target search's inputs
-_COMPARE_ONLY = ("atol", "rtol", "min_cosine", "min_top1", "class_outputs", "speed", "iterations", "warmup",
-                 "numerics", "report_json", "report_html")
+_COMPARE_ONLY = (
+    "atol",
+    "rtol",
+    "min_cosine",
+    "min_top1",
+    "class_outputs",
+    "speed",
+    "iterations",
+    "warmup",
+    "numerics",
+    "report_json",
+    "report_html",
+)
 _INPUT_OPTIONS = ("inputs", "dims", "ranges", "batches", "seed")
 
 
@@ -267,32 +370,72 @@ def cli() -> None:
 @click.argument("model", type=PATH)
 @click.option("-o", "--output", type=PATH, help="Output model (default: MODEL.<precision>.onnx beside the input).")
 @plan_options_group()
-@click.option("--plan", "plan_file", type=PATH,
-              help="Apply this plan (written by --plan-out, maybe edited) instead of planning; it must belong to MODEL.")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=PATH,
+    help="Apply this plan (written by --plan-out, maybe edited) instead of planning; it must belong to MODEL.",
+)
 @click.option("--plan-out", type=PATH, help="Write the precision plan (JSON) here ('-': stdout).")
-@click.option("--external-data/--no-external-data", default=None,
-              help="Write initializers to MODEL.onnx.data (default: when the input had external data or the model is over 2 GB).")
-@click.option("--check", type=click.Choice(["full", "basic", "none"]), default="basic", show_default=True,
-              help="Checks on the converted model: basic = onnx.checker; full = also ONNX shape/type inference.")
+@click.option(
+    "--external-data/--no-external-data",
+    default=None,
+    help="Write initializers to MODEL.onnx.data (default: when the input had external data or the model is over 2 GB).",
+)
+@click.option(
+    "--check",
+    type=click.Choice(["full", "basic", "none"]),
+    default="basic",
+    show_default=True,
+    help="Checks on the converted model: basic = onnx.checker; full = also ONNX shape/type inference.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
-@click.option("--calibration-data", type=PATH,
-              help="An .npz file or folder of them: run the fp32 model on it and keep fp32 the nodes whose tensors leave the target type's safe range.")
-@click.option("--target", "targets", multiple=True, type=TEXT,
-              help="Accuracy target, e.g. 'cosine=0.9999,top1=0.99' (keys atol, rtol, cosine, top1): keep the fewest nodes fp32 that meet it on the validation inputs.")
-@click.option("--validate", "run_validate", is_flag=True,
-              help="Then validate the result against MODEL (accuracy and speed; exit 1 if a threshold fails).")
+@click.option(
+    "--calibration-data",
+    type=PATH,
+    help="An .npz file or folder of them: run the fp32 model on it and keep fp32 the nodes whose tensors "
+    "leave the target type's safe range.",
+)
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    type=TEXT,
+    help="Accuracy target, e.g. 'cosine=0.9999,top1=0.99' (keys atol, rtol, cosine, top1): keep the fewest "
+    "nodes fp32 that meet it on the validation inputs.",
+)
+@click.option(
+    "--validate",
+    "run_validate",
+    is_flag=True,
+    help="Then validate the result against MODEL (accuracy and speed; exit 1 if a threshold fails).",
+)
 @validation_options
 @config_option
 @verbose_option
 @click.pass_context
-def convert(ctx, model, output, plan_file, plan_out, external_data, check, quiet, calibration_data, targets,
-            run_validate, config, verbose, **kw) -> None:
+def convert(
+    ctx,
+    model,
+    output,
+    plan_file,
+    plan_out,
+    external_data,
+    check,
+    quiet,
+    calibration_data,
+    targets,
+    run_validate,
+    config,
+    verbose,
+    **kw,
+) -> None:
     """Convert MODEL to mixed precision and print a summary."""
     from ..report import conversion_summary
 
     report_json = kw.get("report_json")
     report_html = kw.get("report_html")
-    to_stderr = _to_stdout(plan_out, report_json, report_html)   # stdout holds the report alone
+    to_stderr = _to_stdout(plan_out, report_json, report_html)  # stdout holds the report alone
 
     def echo(text=""):
         if not quiet:
@@ -307,24 +450,36 @@ def convert(ctx, model, output, plan_file, plan_out, external_data, check, quiet
         if not run_validate:
             _refuse_unused(ctx, _COMPARE_ONLY, "without --validate", "add --validate or drop them")
             if not targets:
-                _refuse_unused(ctx, _INPUT_OPTIONS, "without --validate or --target",
-                               "add --validate or --target, or drop them")
+                _refuse_unused(
+                    ctx, _INPUT_OPTIONS, "without --validate or --target", "add --validate or --target, or drop them"
+                )
                 if calibration_data is None:
-                    _refuse_unused(ctx, ("device",), "without --validate, --target or --calibration-data",
-                                   "drop it")
+                    _refuse_unused(ctx, ("device",), "without --validate, --target or --calibration-data", "drop it")
         settings, config_file = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         replay = None
         if plan_file is not None:
             from ..plan import PrecisionPlan
 
-            _refuse_unused(ctx, ("precision", "rules", "exclude_op", "exclude_node", "include_node",
-                                 "keep_io_types", "calibration_data", "targets"),
-                           "with --plan: the plan decides every node", "edit the plan's node precisions instead")
+            _refuse_unused(
+                ctx,
+                (
+                    "precision",
+                    "rules",
+                    "exclude_op",
+                    "exclude_node",
+                    "include_node",
+                    "keep_io_types",
+                    "calibration_data",
+                    "targets",
+                ),
+                "with --plan: the plan decides every node",
+                "edit the plan's node precisions instead",
+            )
             replay = PrecisionPlan.load(plan_file)
         precision = replay.target.value if replay is not None else plan.precision.value
         if output is None and (not Path(model).exists() or Path(model).is_dir()):
-            load_model(model)      # no default output beside it: say what is wrong with MODEL
+            load_model(model)  # no default output beside it: say what is wrong with MODEL
         out = output or default_output_path(model, precision)
         options = validate_options(settings, **kw)  # refuse bad validation flags before any work
         goal = None
@@ -332,29 +487,45 @@ def convert(ctx, model, output, plan_file, plan_out, external_data, check, quiet
             from ..options import parse_targets
 
             goal = parse_targets(targets)
-        check_outputs([("-o", out), ("--plan-out", plan_out), ("--report-json", report_json),
-                       ("--report-html", report_html)],
-                      [model, calibration_data, options.inputs, config_file, plan_file, *plan.rules], models=["-o"],
-                      read_back=["-o"] if run_validate else [],
-                      # convert_file checks -o and --plan-out against the input's data files itself
-                      model_inputs=[model] if run_validate else [])
+        check_outputs(
+            [("-o", out), ("--plan-out", plan_out), ("--report-json", report_json), ("--report-html", report_html)],
+            [model, calibration_data, options.inputs, config_file, plan_file, *plan.rules],
+            models=["-o"],
+            read_back=["-o"] if run_validate else [],
+            # convert_file checks -o and --plan-out against the input's data files itself
+            model_inputs=[model] if run_validate else [],
+        )
         if run_validate:
             precheck(model, options)
-        measured = plan_on_data(model, plan, calibration_data=calibration_data, targets=targets if goal else (),
-                                validation=options, progress=_progress)
+        measured = plan_on_data(
+            model,
+            plan,
+            calibration_data=calibration_data,
+            targets=targets if goal else (),
+            validation=options,
+            progress=_progress,
+        )
         if measured.search_log is not None:
             log = measured.search_log
             kept = ", ".join(log["kept"]) if log["kept"] else "none"
-            echo(f"--target search: {log['evaluations']} evaluations over {log['candidates']} "
-                 f"low-precision nodes; kept fp32: {kept}")
+            echo(
+                f"--target search: {log['evaluations']} evaluations over {log['candidates']} "
+                f"low-precision nodes; kept fp32: {kept}"
+            )
         written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
         if replay is not None:
-            result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check,
-                                  plan=replay)
+            result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check, plan=replay)
         else:
-            result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check,
-                                  calibration=measured.calibration, force_fp32=measured.force_fp32,
-                                  **plan.convert_kwargs())
+            result = convert_file(
+                model,
+                out,
+                plan_out=plan_out,
+                external_data=external_data,
+                check=check,
+                calibration=measured.calibration,
+                force_fp32=measured.force_fp32,
+                **plan.convert_kwargs(),
+            )
         echo(conversion_summary(result, model, out))
         if plan_out:
             echo(f"plan written to {'stdout' if str(plan_out) == '-' else plan_out}")
@@ -394,8 +565,11 @@ def validate(reference, converted, quiet, config, verbose, **kw) -> None:
 
         settings, config_file = _setup(config, verbose)
         options = validate_options(settings, **kw)
-        check_outputs([("--report-json", report_json), ("--report-html", report_html)],
-                      [reference, converted, options.inputs, config_file], model_inputs=[reference, converted])
+        check_outputs(
+            [("--report-json", report_json), ("--report-html", report_html)],
+            [reference, converted, options.inputs, config_file],
+            model_inputs=[reference, converted],
+        )
         written.track(report_json, report_html)
         report = run_validation(reference, converted, options, progress=_progress)
         if not quiet:
@@ -442,8 +616,14 @@ def lint(models, fmt, output, select, ignore, fail_on, config, verbose, **kw) ->
 
         settings, config_file = _setup(config, verbose)
         plan = _plan_from(settings, kw, keep_io=False)
-        options = lint_options(settings, select=select, ignore=ignore, fail_on=fail_on, plan=plan,
-                               precision_given=bool(kw.get("precision") or settings.get("precision")))
+        options = lint_options(
+            settings,
+            select=select,
+            ignore=ignore,
+            fail_on=fail_on,
+            plan=plan,
+            precision_given=bool(kw.get("precision") or settings.get("precision")),
+        )
         check_outputs([("-o", output)], [*models, config_file, *options.rules], model_inputs=models)
         written.track(output)
         if len(models) > 1:
@@ -464,8 +644,11 @@ def lint(models, fmt, output, select, ignore, fail_on, config, verbose, **kw) ->
         _write_or_echo(text, output)
         return any(r.failed(options.fail_on) for r in results)
 
-    failed = run_guarded(body, doing="linting", subject=", ".join(str(m) for m in models[:3])
-                         + (f" and {len(models) - 3} more" if len(models) > 3 else ""))
+    failed = run_guarded(
+        body,
+        doing="linting",
+        subject=", ".join(str(m) for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else ""),
+    )
     sys.exit(EXIT_FAIL if failed else EXIT_OK)
 
 
@@ -482,9 +665,23 @@ def rules_cmd(fmt) -> None:
         if fmt == "markdown":
             click.echo(rules_markdown(), nl=False)
         elif fmt == "json":
-            click.echo(_json.dumps([{"code": c.code, "name": c.name, "severity": c.severity, "summary": c.summary,
-                                     "why": " ".join(c.why.split()), "fix": c.fix, "kind": c.kind}
-                                    for c in load_checks()], indent=1))
+            click.echo(
+                _json.dumps(
+                    [
+                        {
+                            "code": c.code,
+                            "name": c.name,
+                            "severity": c.severity,
+                            "summary": c.summary,
+                            "why": " ".join(c.why.split()),
+                            "fix": c.fix,
+                            "kind": c.kind,
+                        }
+                        for c in load_checks()
+                    ],
+                    indent=1,
+                )
+            )
         else:
             click.echo(rules_text())
 
@@ -516,12 +713,18 @@ def explain(model, node, calibration_data, config, verbose, **kw) -> None:
 
             names = [e.name for e in result.plan.nodes if e.name]
             close = difflib.get_close_matches(node, names, n=3, cutoff=0.5)
-            raise AutocastError(f"no node named {node!r}", str(model),
-                                ("did you mean " + ", ".join(repr(c) for c in close) + "?") if close
-                                else "use a node name or #ID (see --plan-out of convert)")
+            raise AutocastError(
+                f"no node named {node!r}",
+                str(model),
+                ("did you mean " + ", ".join(repr(c) for c in close) + "?")
+                if close
+                else "use a node name or #ID (see --plan-out of convert)",
+            )
         for entry in entries:
             graph = "" if entry.graph == "main" else f" in {entry.graph}"
-            click.echo(f"{entry.label} ({entry.domain + ':' if entry.domain else ''}{entry.op_type}){graph}, node #{entry.id}")
+            click.echo(
+                f"{entry.label} ({entry.domain + ':' if entry.domain else ''}{entry.op_type}){graph}, node #{entry.id}"
+            )
             click.echo(f"  category: {entry.category}")
             click.echo(f"  precision: {entry.precision}")
             if entry.fp32_inputs or entry.fp32_outputs:
@@ -529,7 +732,9 @@ def explain(model, node, calibration_data, config, verbose, **kw) -> None:
             click.echo("  because:")
             for reason in entry.reasons:
                 value = "" if reason.value is None else f" (measured {reason.value:.4g})"
-                click.echo(f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else ""))
+                click.echo(
+                    f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else "")
+                )
 
     run_guarded(body, doing="explaining", subject=f"node {node!r} of {model}")
 
@@ -546,8 +751,7 @@ def explain(model, node, calibration_data, config, verbose, **kw) -> None:
 @config_option
 @verbose_option
 @click.pass_context
-def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_validate, config, verbose,
-          **kw) -> None:
+def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_validate, config, verbose, **kw) -> None:
     """The CI gate: lint MODEL, convert it, lint the result, validate it; one summary, one exit code.
 
     Exit codes: 0 pass, 1 findings at or above --fail-on or a failed threshold (with --baseline: only
@@ -570,24 +774,40 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
 
         if skip_validate:
             # check's --report-json is the gate's report, written either way
-            _refuse_unused(ctx, tuple(n for n in _COMPARE_ONLY if n != "report_json") + _INPUT_OPTIONS + ("device",),
-                           "with --no-validate", "drop them or run the validation")
+            _refuse_unused(
+                ctx,
+                tuple(n for n in _COMPARE_ONLY if n != "report_json") + _INPUT_OPTIONS + ("device",),
+                "with --no-validate",
+                "drop them or run the validation",
+            )
         settings, source = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         options = lint_options(settings, select=select, ignore=ignore, fail_on=fail_on, plan=plan)
         vopts = validate_options(settings, **kw)
         prior = load_baseline(baseline) if baseline is not None else None
-        check_outputs([("-o", output), ("--report-json", report_json), ("--report-html", report_html),
-                       ("--sarif", sarif)],
-                      [model, baseline, vopts.inputs, source, config, *plan.rules], models=["-o"],
-                      read_back=["-o"], model_inputs=[model])
+        check_outputs(
+            [("-o", output), ("--report-json", report_json), ("--report-html", report_html), ("--sarif", sarif)],
+            [model, baseline, vopts.inputs, source, config, *plan.rules],
+            models=["-o"],
+            read_back=["-o"],
+            model_inputs=[model],
+        )
         if not skip_validate:
             precheck(model, vopts)
         if output is not None:
             written.track(output, Path(output).with_name(Path(output).name + ".data"))
         written.track(report_json, report_html, sarif)
-        result = run_check(model, output=output, plan_options=plan, lint_options=options, validation=vopts,
-                           skip_validate=skip_validate, baseline=prior, config_source=source, progress=_progress)
+        result = run_check(
+            model,
+            output=output,
+            plan_options=plan,
+            lint_options=options,
+            validation=vopts,
+            skip_validate=skip_validate,
+            baseline=prior,
+            config_source=source,
+            progress=_progress,
+        )
         report = result.report
         click.echo(check_summary(report), err=_to_stdout(report_json, report_html, sarif))
         if report_json is not None:
@@ -617,7 +837,7 @@ def main(argv=None) -> None:
         _fail(" ".join(exc.format_message().split()), EXIT_INPUT)
     except click.Abort:
         _fail("aborted", 130)
-    except Exception as exc:  # noqa: BLE001 - outside any command body: still one line
+    except Exception as exc:
         if os.environ.get("AUTOCAST_ONNX_DEBUG"):
             traceback.print_exc(file=sys.stderr)
         _fail(f"internal error: {_one_line(exc)} ({BUG_HINT})", EXIT_INTERNAL)

@@ -22,34 +22,42 @@ from . import signatures
 log = logging.getLogger(__name__)
 
 NONTENSOR = -1  # sequences, maps, optionals: never converted
-GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling",
-                  "WhisperBeamSearch"}
-KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training",
-                          "ai.onnx.preview"}
+GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling", "WhisperBeamSearch"}
+KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"}
 
 
 class Value:
-    __slots__ = ("name", "dtype", "scope", "producer", "out_port", "consumers", "kind", "graph_outputs",
-                 "declared", "initializer")
+    __slots__ = (
+        "consumers",
+        "declared",
+        "dtype",
+        "graph_outputs",
+        "initializer",
+        "kind",
+        "name",
+        "out_port",
+        "producer",
+        "scope",
+    )
 
     def __init__(self, name, scope, kind, dtype=None, producer=None, out_port=-1, initializer=None):
         self.name = name
         self.scope = scope
-        self.kind = kind                  # "input", "initializer", "node"
-        self.dtype = dtype                # onnx elem type, NONTENSOR, or None if unknown
+        self.kind = kind  # "input", "initializer", "node"
+        self.dtype = dtype  # onnx elem type, NONTENSOR, or None if unknown
         self.producer = producer
         self.out_port = out_port
-        self.consumers = []               # (Node, input port)
-        self.graph_outputs = ()           # (scope, index) of each graph output slot it fills
+        self.consumers = []  # (Node, input port)
+        self.graph_outputs = ()  # (scope, index) of each graph output slot it fills
         self.declared = dtype is not None
-        self.initializer = initializer    # TensorProto for initializers
+        self.initializer = initializer  # TensorProto for initializers
 
     def __repr__(self):
         return f"Value({self.name!r}, {self.dtype})"
 
 
 class Node:
-    __slots__ = ("id", "proto", "scope", "pos", "op", "domain", "inputs", "outputs", "subscopes", "_name")
+    __slots__ = ("_name", "domain", "id", "inputs", "op", "outputs", "pos", "proto", "scope", "subscopes")
 
     def __init__(self, id_, proto, scope, pos, op, domain, input_names, output_names):
         self.id = id_
@@ -58,7 +66,7 @@ class Node:
         self.pos = pos
         self.op = op
         self.domain = domain
-        self.inputs = input_names   # replaced by list[Value | None] once resolved
+        self.inputs = input_names  # replaced by list[Value | None] once resolved
         self.outputs = output_names  # replaced by list[Value | None]
         self.subscopes = ()
         self._name = None
@@ -79,12 +87,27 @@ class Node:
 
 
 class Scope:
-    __slots__ = ("id", "graph", "parent", "owner", "attr_name", "values", "nodes", "inputs", "outputs",
-                 "path", "order", "sorted", "value_info", "typed", "base_dir")
+    __slots__ = (
+        "attr_name",
+        "base_dir",
+        "graph",
+        "id",
+        "inputs",
+        "nodes",
+        "order",
+        "outputs",
+        "owner",
+        "parent",
+        "path",
+        "sorted",
+        "typed",
+        "value_info",
+        "values",
+    )
 
     def __init__(self, id_, graph, parent, owner, attr_name, path, base_dir=None):
         self.id = id_
-        self.base_dir = base_dir   # folder that external data locations are relative to
+        self.base_dir = base_dir  # folder that external data locations are relative to
         self.graph = graph
         self.parent = parent
         self.owner = owner
@@ -152,18 +175,22 @@ class GraphIndex:
         for init in graph.initializer:
             if init.data_location == TensorProto.EXTERNAL:
                 if self.base_dir is None:
-                    raise AutocastError(f"initializer '{init.name}' uses external data but the model has no folder",
-                                        self.where, "load the model from its file")
+                    raise AutocastError(
+                        f"initializer '{init.name}' uses external data but the model has no folder",
+                        self.where,
+                        "load the model from its file",
+                    )
                 from ..io import external_location
 
-                external_location(init, self.base_dir, self.where)   # checked now, read when needed
+                external_location(init, self.base_dir, self.where)  # checked now, read when needed
             existing = values.get(init.name)
             if existing is not None and existing.kind == "input":
                 existing.initializer = init  # an input with a default value: stays an input
                 continue
             if existing is not None:
-                raise AutocastError(f"initializer name '{init.name}' is defined twice in graph {path}", self.where,
-                                    "rename one of them")
+                raise AutocastError(
+                    f"initializer name '{init.name}' is defined twice in graph {path}", self.where, "rename one of them"
+                )
             values[init.name] = Value(init.name, scope, "initializer", init.data_type, initializer=init)
         for vi in graph.value_info:
             scope.value_info[vi.name] = _type_of(vi)
@@ -189,8 +216,11 @@ class GraphIndex:
                 if not name:
                     out_values.append(None)
                 elif name in values:
-                    raise AutocastError(f"tensor '{name}' is produced twice (by node {node.label} and another)",
-                                        self.where, "each tensor must have exactly one producer")
+                    raise AutocastError(
+                        f"tensor '{name}' is produced twice (by node {node.label} and another)",
+                        self.where,
+                        "each tensor must have exactly one producer",
+                    )
                 else:
                     value = values[name] = Value(name, scope, "node", None, node, port)
                     out_values.append(value)
@@ -218,9 +248,11 @@ class GraphIndex:
                 if value is None:
                     value = scope.resolve(name) if parent is not None else None
                     if value is None:
-                        raise AutocastError(f"node {node.label} reads tensor '{name}', which nothing produces",
-                                            self.where + ("" if parent is None else f" (subgraph {scope.path})"),
-                                            "the graph is broken: re-export it")
+                        raise AutocastError(
+                            f"node {node.label} reads tensor '{name}', which nothing produces",
+                            self.where + ("" if parent is None else f" (subgraph {scope.path})"),
+                            "the graph is broken: re-export it",
+                        )
                 elif value.producer is not None and value.producer.scope is scope and value.producer.pos >= pos:
                     scope.sorted = False
                 value.consumers.append((node, port))
@@ -239,8 +271,9 @@ class GraphIndex:
                 subs.append(self._build_scope(attr.g, scope, node, attr.name, f"{scope.path}/{node.label}.{attr.name}"))
             elif attr.type == AttributeProto.GRAPHS:
                 for k, sub in enumerate(attr.graphs):
-                    subs.append(self._build_scope(sub, scope, node, attr.name,
-                                                  f"{scope.path}/{node.label}.{attr.name}[{k}]"))
+                    subs.append(
+                        self._build_scope(sub, scope, node, attr.name, f"{scope.path}/{node.label}.{attr.name}[{k}]")
+                    )
         return tuple(subs)
 
     def _type_in_order(self, scope: Scope) -> None:
@@ -281,15 +314,18 @@ class GraphIndex:
         for idx, vi in enumerate(scope.graph.output):
             value = scope.resolve(vi.name)
             if value is None:
-                raise AutocastError(f"graph output '{vi.name}' is produced by nothing", self.where,
-                                    "the graph is broken: re-export it")
+                raise AutocastError(
+                    f"graph output '{vi.name}' is produced by nothing", self.where, "the graph is broken: re-export it"
+                )
             value.graph_outputs += ((scope, idx),)
             scope.outputs.append(value)
 
     # ---- order ------------------------------------------------------------------------
     def _order_and_type_all(self) -> None:
         for scope in self.scopes:
-            deps = self._outer_dependencies(scope) if not scope.sorted or any(n.subscopes for n in scope.nodes) else None
+            deps = (
+                self._outer_dependencies(scope) if not scope.sorted or any(n.subscopes for n in scope.nodes) else None
+            )
             if scope.sorted and not self._has_late_outer_refs(scope, deps):
                 scope.order = scope.nodes
             else:
@@ -356,9 +392,11 @@ class GraphIndex:
                     ready.append(j)
         if len(order) != len(nodes):
             cycle = _find_cycle([node for node in nodes if indeg[node.pos] > 0], preds)
-            raise AutocastError("the graph has a cycle: " + " -> ".join(n.label for n in cycle + cycle[:1]),
-                                self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
-                                "ONNX graphs must be acyclic; re-export the model")
+            raise AutocastError(
+                "the graph has a cycle: " + " -> ".join(n.label for n in cycle + cycle[:1]),
+                self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
+                "ONNX graphs must be acyclic; re-export the model",
+            )
         return order
 
     # ---- types ------------------------------------------------------------------------
@@ -407,8 +445,11 @@ class GraphIndex:
         rules = []
         special = _SPECIAL.get(op) if domain in ("", "ai.onnx") else None
         for port in range(n_outputs):
-            if special is not None and not (op == "QuantizeLinear" and port > 0) \
-                    and not (op == "LayerNormalization" and port == 0):
+            if (
+                special is not None
+                and not (op == "QuantizeLinear" and port > 0)
+                and not (op == "LayerNormalization" and port == 0)
+            ):
                 rules.append(special)
             else:
                 rules.append(self._output_rule(domain, op, port, n_inputs))
@@ -444,7 +485,7 @@ def _find_cycle(stuck: list, preds) -> list:
         seen_at[id(node)] = len(path)
         path.append(node)
         node = next(p for p in preds(node) if id(p) in stuck_ids)
-    cycle = path[seen_at[id(node)]:]
+    cycle = path[seen_at[id(node)] :]
     cycle.reverse()
     return cycle[:8]
 
@@ -488,6 +529,7 @@ def _dtype_attr(default_from_input=None, default=None):
         if default_from_input is not None:
             return _input_dtype(node, default_from_input)
         return default
+
     return infer
 
 
@@ -521,9 +563,13 @@ def _body_output(offset):
             if sub.attr_name in ("then_branch", "body"):
                 k = port + offset
                 if k < len(sub.outputs):
-                    return sub.outputs[k].dtype if sub.outputs[k].dtype is not None else sub.value_info.get(
-                        sub.outputs[k].name)
+                    return (
+                        sub.outputs[k].dtype
+                        if sub.outputs[k].dtype is not None
+                        else sub.value_info.get(sub.outputs[k].name)
+                    )
         return None
+
     return infer
 
 

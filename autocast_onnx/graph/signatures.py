@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import onnx.defs
@@ -28,11 +28,11 @@ def type_of_str(type_str: str) -> int | None:
 
 @dataclass(frozen=True)
 class Signature:
-    inputs: tuple[str, ...]        # type parameter (or concrete "tensor(x)") of each formal input
-    input_variadic: bool           # the last formal input repeats
+    inputs: tuple[str, ...]  # type parameter (or concrete "tensor(x)") of each formal input
+    input_variadic: bool  # the last formal input repeats
     outputs: tuple[str, ...]
     output_variadic: bool
-    params: dict                   # param -> frozenset of element types it admits (tensors only)
+    params: dict  # param -> frozenset of element types it admits (tensors only)
     since_version: int
 
     def input_param(self, i: int) -> str | None:
@@ -59,7 +59,7 @@ def _types(strs) -> frozenset:
     return frozenset(t for t in (type_of_str(s) for s in strs) if t is not None)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _ort_table() -> dict:
     path = Path(__file__).resolve().parent.parent / "data" / "ort_signatures.json"
     return json.loads(path.read_text())

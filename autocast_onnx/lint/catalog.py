@@ -67,18 +67,33 @@ def load_checks(path: str | None = None) -> tuple[Check, ...]:
         if not CODE.match(entry["code"]):
             raise AutocastError(f"bad check code {entry['code']!r}", loc, "codes look like AC123")
         if entry["code"] in seen or entry["name"] in seen:
-            raise AutocastError(f"duplicate check code or name {entry['code']}/{entry['name']}", loc,
-                                "codes and names are unique and never reused")
+            raise AutocastError(
+                f"duplicate check code or name {entry['code']}/{entry['name']}",
+                loc,
+                "codes and names are unique and never reused",
+            )
         if not NAME.match(entry["name"]):
             raise AutocastError(f"check name {entry['name']!r} is not kebab-case", loc, "e.g. softmax-in-low-precision")
         if entry["severity"] not in SEVERITIES:
-            raise AutocastError(f"severity {entry['severity']!r} is not one of {', '.join(SEVERITIES)}", loc,
-                                "fix the value")
+            raise AutocastError(
+                f"severity {entry['severity']!r} is not one of {', '.join(SEVERITIES)}", loc, "fix the value"
+            )
         if entry["kind"] not in KINDS:
             raise AutocastError(f"unknown check kind {entry['kind']!r}", loc, f"known: {', '.join(sorted(KINDS))}")
         seen[entry["code"]] = seen[entry["name"]] = True
         params = {k: v for k, v in entry.items() if k not in REQUIRED and k != "example"}
-        checks.append(Check(code=entry["code"], name=entry["name"], severity=entry["severity"], kind=entry["kind"],
-                            summary=entry["summary"], why=entry["why"], fix=entry["fix"],
-                            example=entry.get("example", ""), params=params, line=line))
+        checks.append(
+            Check(
+                code=entry["code"],
+                name=entry["name"],
+                severity=entry["severity"],
+                kind=entry["kind"],
+                summary=entry["summary"],
+                why=entry["why"],
+                fix=entry["fix"],
+                example=entry.get("example", ""),
+                params=params,
+                line=line,
+            )
+        )
     return tuple(checks)

@@ -13,21 +13,42 @@ import numpy as np
 import onnx
 
 from ..diagnostics import Diagnostic
-from ..errors import AutocastError
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
+from ..errors import AutocastError
 from ..graph import build_index
 from ..plan.classify import constant_array
 
 LOW = (FLOAT16, BFLOAT16)
-MOVE_OPS = {"Cast", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Where", "Mul", "Sub", "Add", "Identity",
-            "Concat", "Tile", "Slice", "Transpose"}
+MOVE_OPS = {
+    "Cast",
+    "Expand",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Where",
+    "Mul",
+    "Sub",
+    "Add",
+    "Identity",
+    "Concat",
+    "Tile",
+    "Slice",
+    "Transpose",
+}
 
 
 class LintContext:
-    def __init__(self, model: onnx.ModelProto, path: str | None, precision: str | None = None, rules=(),
-                 base_dir=None, plan_options=None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        path: str | None,
+        precision: str | None = None,
+        rules=(),
+        base_dir=None,
+        plan_options=None,
+    ):
         self.model = model
-        self.plan_options = plan_options   # the PlanOptions that decide what the conversion protects
+        self.plan_options = plan_options  # the PlanOptions that decide what the conversion protects
         self.path = path
         self.index = build_index(model, path or "<model>", base_dir)
         found = {v.dtype for s in self.index.scopes for v in s.values.values() if v.dtype in LOW}
@@ -40,7 +61,7 @@ class LintContext:
         if self.rules:
             from ..catalog import load_rules
 
-            load_rules(self.rules)   # a broken rule file is the user's error, reported now
+            load_rules(self.rules)  # a broken rule file is the user's error, reported now
         self._plan = None
         self._patterns = None
 
@@ -66,11 +87,19 @@ class LintContext:
 
             precision = "fp16" if self.low == FLOAT16 else "bf16"
             try:
-                selection = {} if self.plan_options is None else {
-                    "keep_io_types": self.plan_options.keep_io_types, "exclude_ops": self.plan_options.exclude_ops,
-                    "exclude_nodes": self.plan_options.exclude_nodes, "include_nodes": self.plan_options.include_nodes}
-                self._plan = convert(self.model, precision=precision, rules=self.rules, check="none",
-                                     **selection).plan.precisions
+                selection = (
+                    {}
+                    if self.plan_options is None
+                    else {
+                        "keep_io_types": self.plan_options.keep_io_types,
+                        "exclude_ops": self.plan_options.exclude_ops,
+                        "exclude_nodes": self.plan_options.exclude_nodes,
+                        "include_nodes": self.plan_options.include_nodes,
+                    }
+                )
+                self._plan = convert(
+                    self.model, precision=precision, rules=self.rules, check="none", **selection
+                ).plan.precisions
             except AutocastError:  # e.g. an opset too old for bf16: nothing would be converted
                 self._plan = []
         if node.id >= len(self._plan):
@@ -85,11 +114,21 @@ class LintContext:
             message += "; the default conversion rules keep this fp32"
         elif self.mode == "prospective" and protected is False:
             message += "; the default conversion rules would NOT protect this"
-        return Diagnostic(code=check.code, name=check.name, severity=severity, message=message, fix=check.fix,
-                          node=node.label if node is not None else None, op_type=node.op if node is not None else None,
-                          graph=node.scope.path if node is not None else "main",
-                          node_index=node.pos if node is not None else None, model=self.path, value=value,
-                          protected=protected, tensor=tensor)
+        return Diagnostic(
+            code=check.code,
+            name=check.name,
+            severity=severity,
+            message=message,
+            fix=check.fix,
+            node=node.label if node is not None else None,
+            op_type=node.op if node is not None else None,
+            graph=node.scope.path if node is not None else "main",
+            node_index=node.pos if node is not None else None,
+            model=self.path,
+            value=value,
+            protected=protected,
+            tensor=tensor,
+        )
 
     @property
     def tname(self) -> str:
@@ -123,9 +162,12 @@ class LintContext:
                             for sqrt in sqrts:
                                 divs = [c for c, _ in sqrt.outputs[0].consumers if c.op == "Div"]
                                 if divs:
-                                    eps = next((v for v in add.inputs if v is not None and v is not var.outputs[0]), None)
-                                    found.append({"nodes": [node, sub, sq, var, add, sqrt, divs[0]], "add": add,
-                                                  "eps": eps})
+                                    eps = next(
+                                        (v for v in add.inputs if v is not None and v is not var.outputs[0]), None
+                                    )
+                                    found.append(
+                                        {"nodes": [node, sub, sq, var, add, sqrt, divs[0]], "add": add, "eps": eps}
+                                    )
         self._patterns = found
         return found
 
@@ -146,8 +188,12 @@ def op_family(ctx: LintContext, check):
             for node in pattern["nodes"]:
                 if node.id not in flagged and ctx.is_low(node):
                     flagged.add(node.id)
-                    yield ctx.diag(check, node, f"{node.op} is part of a decomposed LayerNorm (ReduceMean/Sub/Pow/"
-                                   f"ReduceMean/Add/Sqrt/Div) {ctx.where()} {ctx.tname}")
+                    yield ctx.diag(
+                        check,
+                        node,
+                        f"{node.op} is part of a decomposed LayerNorm (ReduceMean/Sub/Pow/"
+                        f"ReduceMean/Add/Sqrt/Div) {ctx.where()} {ctx.tname}",
+                    )
 
 
 def _constants(ctx):
@@ -171,7 +217,7 @@ def _low_consumers(ctx, value, through=False, depth=3):
             if node.op == "Cast" and ctx.mode == "actual":
                 to = node.outputs[0].dtype if node.outputs and node.outputs[0] is not None else None
                 if to in LOW:
-                    out.append(node)   # the conversion to the low type happens here
+                    out.append(node)  # the conversion to the low type happens here
                     continue
             if ctx.is_low(node) and not (node.op == "Cast" and ctx.mode == "actual"):
                 out.append(node)
@@ -193,9 +239,13 @@ def constant_range(ctx, check):
             if ctx.low == FLOAT16 and np.isinf(data).any():
                 users = value.consumers
                 node = users[0][0] if users else None
-                yield ctx.diag(check, node, f"{dtype_name(value.dtype)} constant '{value.name}' holds "
-                               f"{int(np.isinf(data).sum())} inf value(s): it overflowed when it was converted",
-                               tensor=value.name)
+                yield ctx.diag(
+                    check,
+                    node,
+                    f"{dtype_name(value.dtype)} constant '{value.name}' holds "
+                    f"{int(np.isinf(data).sum())} inf value(s): it overflowed when it was converted",
+                    tensor=value.name,
+                )
             continue
         finite = data[np.isfinite(data)]
         over = np.abs(finite) >= (65520.0 if ctx.low == FLOAT16 else limit)
@@ -204,9 +254,15 @@ def constant_range(ctx, check):
         users = _low_consumers(ctx, value)
         if users:
             biggest = float(np.abs(finite).max())
-            yield ctx.diag(check, users[0], f"constant '{value.name}' holds {int(over.sum())} value(s) beyond the "
-                           f"{ctx.tname} range (largest |x| = {biggest:.4g}) and feeds {users[0].op} "
-                           f"({ctx.where()} {ctx.tname})", value=biggest, tensor=value.name)
+            yield ctx.diag(
+                check,
+                users[0],
+                f"constant '{value.name}' holds {int(over.sum())} value(s) beyond the "
+                f"{ctx.tname} range (largest |x| = {biggest:.4g}) and feeds {users[0].op} "
+                f"({ctx.where()} {ctx.tname})",
+                value=biggest,
+                tensor=value.name,
+            )
 
 
 def weights_flush(ctx, check):
@@ -226,8 +282,13 @@ def weights_flush(ctx, check):
         users = _low_consumers(ctx, value)
         if users:
             fraction = flush / nonzero
-            yield ctx.diag(check, users[0], f"{flush} of {nonzero} nonzero values ({fraction:.3%}) of '{value.name}' "
-                           f"flush to zero in {ctx.tname}", value=fraction, tensor=value.name)
+            yield ctx.diag(
+                check,
+                users[0],
+                f"{flush} of {nonzero} nonzero values ({fraction:.3%}) of '{value.name}' flush to zero in {ctx.tname}",
+                value=fraction,
+                tensor=value.name,
+            )
 
 
 def masking_constant(ctx, check):
@@ -242,18 +303,33 @@ def masking_constant(ctx, check):
             continue
         users = _low_consumers(ctx, value, through=True)
         if users:
-            fate = ("is -inf there" if lowest < -65504.0 or ctx.low != FLOAT16
-                    else "is the lowest finite value there, and any further sum overflows to -inf")
+            fate = (
+                "is -inf there"
+                if lowest < -65504.0 or ctx.low != FLOAT16
+                else "is the lowest finite value there, and any further sum overflows to -inf"
+            )
             if ctx.low == BFLOAT16:
                 fate = "keeps its huge magnitude there, so sums with it overflow or swamp the scores"
-            yield ctx.diag(check, users[0], f"masking constant '{value.name}' ({lowest:.4g}) reaches {users[0].op} "
-                           f"({ctx.where()} {ctx.tname}) and {fate}: summed masks or a fully masked row give NaN",
-                           value=lowest, tensor=value.name)
+            yield ctx.diag(
+                check,
+                users[0],
+                f"masking constant '{value.name}' ({lowest:.4g}) reaches {users[0].op} "
+                f"({ctx.where()} {ctx.tname}) and {fate}: summed masks or a fully masked row give NaN",
+                value=lowest,
+                tensor=value.name,
+            )
 
 
-EPSILON_OPS = {"LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
-               "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-               "SkipSimplifiedLayerNormalization"}
+EPSILON_OPS = {
+    "LayerNormalization",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "RMSNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+}
 
 
 def epsilon_flush(ctx, check):
@@ -273,18 +349,32 @@ def epsilon_flush(ctx, check):
             continue
         largest = float(np.abs(np.asarray(data, dtype=np.float32)).max())
         if 0 < largest < tiny:
-            yield ctx.diag(check, add, f"epsilon {largest:g} of a decomposed LayerNorm is 0 in {ctx.tname}",
-                           value=largest, tensor=source.name)
+            yield ctx.diag(
+                check,
+                add,
+                f"epsilon {largest:g} of a decomposed LayerNorm is 0 in {ctx.tname}",
+                value=largest,
+                tensor=source.name,
+            )
         elif largest == 0 and (source.dtype in LOW or source is not eps):
-            yield ctx.diag(check, add, f"the epsilon '{source.name}' of a decomposed LayerNorm is 0 "
-                           f"({dtype_name(source.dtype)}): it flushed when the model was converted", value=0.0,
-                           tensor=source.name)
+            yield ctx.diag(
+                check,
+                add,
+                f"the epsilon '{source.name}' of a decomposed LayerNorm is 0 "
+                f"({dtype_name(source.dtype)}): it flushed when the model was converted",
+                value=0.0,
+                tensor=source.name,
+            )
 
 
 def _through_casts(value):
     """The value a chain of Cast nodes starts from."""
-    while value.producer is not None and value.producer.op == "Cast" and value.producer.inputs \
-            and value.producer.inputs[0] is not None:
+    while (
+        value.producer is not None
+        and value.producer.op == "Cast"
+        and value.producer.inputs
+        and value.producer.inputs[0] is not None
+    ):
         value = value.producer.inputs[0]
     return value
 
@@ -296,33 +386,63 @@ def lossy_round_trip(ctx, check):
         if node.inputs[0].dtype != FLOAT or node.outputs[0].dtype not in LOW:
             continue
         users = node.outputs[0].consumers
-        if users and not node.outputs[0].graph_outputs and all(
-                u.op == "Cast" and u.outputs[0] is not None and u.outputs[0].dtype == FLOAT for u, _ in users):
-            yield Diagnostic(code=check.code, name=check.name, severity=check.severity,
-                             message=f"'{node.inputs[0].name}' is cast to {dtype_name(node.outputs[0].dtype)} and "
-                                     f"straight back to fp32 by {users[0][0].label}", fix=check.fix, node=node.label,
-                             op_type=node.op, graph=node.scope.path, node_index=node.pos, model=ctx.path,
-                             tensor=node.inputs[0].name)
+        if (
+            users
+            and not node.outputs[0].graph_outputs
+            and all(u.op == "Cast" and u.outputs[0] is not None and u.outputs[0].dtype == FLOAT for u, _ in users)
+        ):
+            yield Diagnostic(
+                code=check.code,
+                name=check.name,
+                severity=check.severity,
+                message=f"'{node.inputs[0].name}' is cast to {dtype_name(node.outputs[0].dtype)} and "
+                f"straight back to fp32 by {users[0][0].label}",
+                fix=check.fix,
+                node=node.label,
+                op_type=node.op,
+                graph=node.scope.path,
+                node_index=node.pos,
+                model=ctx.path,
+                tensor=node.inputs[0].name,
+            )
 
 
 def low_output(ctx, check):
-    for k, value in enumerate(ctx.index.main.outputs):
+    for value in ctx.index.main.outputs:
         if value.dtype in LOW:
             node = value.producer
-            yield Diagnostic(code=check.code, name=check.name, severity=check.severity,
-                             message=f"model output '{value.name}' is {dtype_name(value.dtype)}", fix=check.fix,
-                             node=node.label if node else None, op_type=node.op if node else None, graph="main",
-                             node_index=node.pos if node else None, model=ctx.path, tensor=value.name)
+            yield Diagnostic(
+                code=check.code,
+                name=check.name,
+                severity=check.severity,
+                message=f"model output '{value.name}' is {dtype_name(value.dtype)}",
+                fix=check.fix,
+                node=node.label if node else None,
+                op_type=node.op if node else None,
+                graph="main",
+                node_index=node.pos if node else None,
+                model=ctx.path,
+                tensor=value.name,
+            )
 
 
 def unknown_type(ctx, check):
     for node in ctx.index.nodes:
         for value in node.outputs:
             if value is not None and value.dtype is None and value.consumers:
-                yield Diagnostic(code=check.code, name=check.name, severity=check.severity,
-                                 message=f"the type of '{value.name}' (output of {node.op}) is unknown",
-                                 fix=check.fix, node=node.label, op_type=node.op, graph=node.scope.path,
-                                 node_index=node.pos, model=ctx.path, tensor=value.name)
+                yield Diagnostic(
+                    code=check.code,
+                    name=check.name,
+                    severity=check.severity,
+                    message=f"the type of '{value.name}' (output of {node.op}) is unknown",
+                    fix=check.fix,
+                    node=node.label,
+                    op_type=node.op,
+                    graph=node.scope.path,
+                    node_index=node.pos,
+                    model=ctx.path,
+                    tensor=value.name,
+                )
 
 
 def _weight_dims(node):
@@ -368,8 +488,9 @@ def reduction_depth(ctx, check):
             continue
         found = _weight_dims(node)
         if found and found[1] > limit:
-            yield ctx.diag(check, node, f"{node.op} sums {found[1]} products per output (limit {limit})",
-                           value=float(found[1]))
+            yield ctx.diag(
+                check, node, f"{node.op} sums {found[1]} products per output (limit {limit})", value=float(found[1])
+            )
 
 
 def unused_suppression(ctx, check):

@@ -21,9 +21,9 @@ METADATA_KEY = "autocast-onnx:ignore"
 
 @dataclass
 class Suppression:
-    code: str                # code or prefix ("AC1", "AC101", "all")
-    node: str                # regex on node names
-    source: str              # where it was declared
+    code: str  # code or prefix ("AC1", "AC101", "all")
+    node: str  # regex on node names
+    source: str  # where it was declared
     used: int = 0
 
     def matches(self, diag: Diagnostic) -> bool:
@@ -37,23 +37,23 @@ class LintOptions:
     select: list = field(default_factory=lambda: ["AC"])
     ignore: list = field(default_factory=list)
     fail_on: str = "error"
-    precision: str | None = None          # for fp32 models: which low type to assume (default fp16)
-    report_unused_config: bool = True     # AC901 for configuration suppressions (off when the caller
-                                          # lints several models and reports them once)
-    suppress: list = field(default_factory=list)   # Suppression entries from the configuration
-    rules: list = field(default_factory=list)      # conversion rule files (decide "protected")
-    plan: object = None                            # options.PlanOptions: selections that decide "protected"
+    precision: str | None = None  # for fp32 models: which low type to assume (default fp16)
+    report_unused_config: bool = True  # AC901 for configuration suppressions (off when the caller
+    # lints several models and reports them once)
+    suppress: list = field(default_factory=list)  # Suppression entries from the configuration
+    rules: list = field(default_factory=list)  # conversion rule files (decide "protected")
+    plan: object = None  # options.PlanOptions: selections that decide "protected"
 
 
 @dataclass
 class LintResult:
     model: str | None
-    mode: str                  # "actual" or "prospective"
+    mode: str  # "actual" or "prospective"
     precision: str
     diagnostics: list
-    checks: list               # codes that ran
+    checks: list  # codes that ran
     suppressed: int = 0
-    config_suppression_use: list = field(default_factory=list)   # per options.suppress entry
+    config_suppression_use: list = field(default_factory=list)  # per options.suppress entry
 
     def failed(self, fail_on: str) -> bool:
         return any(at_least(d.severity, fail_on) for d in self.diagnostics)
@@ -66,10 +66,15 @@ def _code_matches(code: str, name: str, selector: str) -> bool:
 def selected(checks, select, ignore):
     for selector in list(select) + list(ignore):
         if not any(_code_matches(c.code, c.name, selector) for c in checks):
-            raise AutocastError(f"'{selector}' selects no check", "--select/--ignore",
-                                "see `autocast-onnx rules` for the codes")
-    return [c for c in checks if any(_code_matches(c.code, c.name, s) for s in select)
-            and not any(_code_matches(c.code, c.name, s) for s in ignore)]
+            raise AutocastError(
+                f"'{selector}' selects no check", "--select/--ignore", "see `autocast-onnx rules` for the codes"
+            )
+    return [
+        c
+        for c in checks
+        if any(_code_matches(c.code, c.name, s) for s in select)
+        and not any(_code_matches(c.code, c.name, s) for s in ignore)
+    ]
 
 
 def _metadata_suppressions(ctx) -> list:
@@ -78,8 +83,11 @@ def _metadata_suppressions(ctx) -> list:
         for prop in node.proto.metadata_props:
             if prop.key == METADATA_KEY:
                 for code in [c.strip() for c in prop.value.split(",") if c.strip()]:
-                    found.append(Suppression(code=code, node=f"^{re.escape(node.label)}$",
-                                             source=f"metadata of node {node.label}"))
+                    found.append(
+                        Suppression(
+                            code=code, node=f"^{re.escape(node.label)}$", source=f"metadata of node {node.label}"
+                        )
+                    )
     return found
 
 
@@ -92,9 +100,16 @@ def unused_config_suppressions(results, options) -> list:
     out = []
     for k, s in enumerate(options.suppress):
         if not any(r.config_suppression_use[k] for r in results):
-            out.append(Diagnostic(code=check.code, name=check.name, severity=check.severity,
-                                  message=f"suppression of {s.code} for nodes matching {s.node!r} ({s.source}) "
-                                          f"matched no finding in {len(results)} model(s)", fix=check.fix))
+            out.append(
+                Diagnostic(
+                    code=check.code,
+                    name=check.name,
+                    severity=check.severity,
+                    message=f"suppression of {s.code} for nodes matching {s.node!r} ({s.source}) "
+                    f"matched no finding in {len(results)} model(s)",
+                    fix=check.fix,
+                )
+            )
     return out
 
 
@@ -130,15 +145,33 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     if unused_check is not None:
         for k, s in enumerate(suppressions):
             if not s.used and (k >= n_config or options.report_unused_config):
-                diagnostics.append(Diagnostic(code=unused_check.code, name=unused_check.name,
-                                              severity=unused_check.severity,
-                                              message=f"suppression of {s.code} for nodes matching {s.node!r} "
-                                                      f"({s.source}) matched no finding",
-                                              fix=unused_check.fix, model=path))
+                diagnostics.append(
+                    Diagnostic(
+                        code=unused_check.code,
+                        name=unused_check.name,
+                        severity=unused_check.severity,
+                        message=f"suppression of {s.code} for nodes matching {s.node!r} "
+                        f"({s.source}) matched no finding",
+                        fix=unused_check.fix,
+                        model=path,
+                    )
+                )
     order = {c.code: k for k, c in enumerate(load_checks())}
-    diagnostics.sort(key=lambda d: (order.get(d.code, 999), d.graph, d.node_index if d.node_index is not None else -1,
-                                    d.tensor or ""))
+    diagnostics.sort(
+        key=lambda d: (
+            order.get(d.code, 999),
+            d.graph,
+            d.node_index if d.node_index is not None else -1,
+            d.tensor or "",
+        )
+    )
     precision = "fp16" if ctx.low == 10 else "bf16"
-    return LintResult(model=path, mode=ctx.mode, precision=precision, diagnostics=diagnostics,
-                      checks=[c.code for c in checks], suppressed=suppressed,
-                      config_suppression_use=[s.used for s in suppressions[:n_config]])
+    return LintResult(
+        model=path,
+        mode=ctx.mode,
+        precision=precision,
+        diagnostics=diagnostics,
+        checks=[c.code for c in checks],
+        suppressed=suppressed,
+        config_suppression_use=[s.used for s in suppressions[:n_config]],
+    )

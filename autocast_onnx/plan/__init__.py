@@ -7,6 +7,22 @@ from .paint import global_order, index_fingerprint, paint
 from .replay import check_plan_fits
 from .vocab import Category, Paint, PortRole, Precision, Seed, required_type
 
-__all__ = ["PLAN_VERSION", "Category", "Classification", "NodePlan", "Paint", "PlanWarning", "PortRole", "Precision",
-           "PrecisionPlan", "Reason", "Seed", "check_plan_fits", "classify", "global_order", "index_fingerprint",
-           "paint", "required_type"]
+__all__ = [
+    "PLAN_VERSION",
+    "Category",
+    "Classification",
+    "NodePlan",
+    "Paint",
+    "PlanWarning",
+    "PortRole",
+    "Precision",
+    "PrecisionPlan",
+    "Reason",
+    "Seed",
+    "check_plan_fits",
+    "classify",
+    "global_order",
+    "index_fingerprint",
+    "paint",
+    "required_type",
+]

@@ -11,11 +11,10 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
-from ..errors import AutocastError
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report
+from ..errors import AutocastError
+from ..graph import GraphIndex, Value, signatures
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
-from ..graph import GraphIndex, Value
-from ..graph import signatures
 from .model import Reason
 from .vocab import Category, PortRole, Precision, Seed
 
@@ -23,15 +22,35 @@ log = logging.getLogger(__name__)
 
 # Inputs whose type never matters to the op (only shape or value passes through a cast).
 ANY_INPUTS = {
-    ("", "Shape"): None, ("", "Size"): None, ("", "Cast"): {0}, ("", "CastLike"): {0},
-    ("", "EyeLike"): {0}, ("", "RandomNormalLike"): {0}, ("", "RandomUniformLike"): {0},
+    ("", "Shape"): None,
+    ("", "Size"): None,
+    ("", "Cast"): {0},
+    ("", "CastLike"): {0},
+    ("", "EyeLike"): {0},
+    ("", "RandomNormalLike"): {0},
+    ("", "RandomUniformLike"): {0},
 }
 # Ops whose float output type is set by an attribute rather than by an input.
-DTYPE_ATTR_OPS = {"Cast", "EyeLike", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform",
-                  "Bernoulli", "ConstantOfShape", "Constant"}
+DTYPE_ATTR_OPS = {
+    "Cast",
+    "EyeLike",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "RandomNormal",
+    "RandomUniform",
+    "Bernoulli",
+    "ConstantOfShape",
+    "Constant",
+}
 
-_FOLLOW, _FP32, _NONE, _UNKNOWN, _ANY, _OWN = (PortRole.FOLLOW, PortRole.FP32, PortRole.NONE, PortRole.UNKNOWN,
-                                               PortRole.ANY, PortRole.OWN)
+_FOLLOW, _FP32, _NONE, _UNKNOWN, _ANY, _OWN = (
+    PortRole.FOLLOW,
+    PortRole.FP32,
+    PortRole.NONE,
+    PortRole.UNKNOWN,
+    PortRole.ANY,
+    PortRole.OWN,
+)
 # categories whose nodes read constants in the plan's precision (the data rules look at those)
 _ARITHMETIC = Category.LOW_PRECISION + Category.FOLLOW + Category.CLEAR
 _UNPLANNED = Category.NON_FLOAT + Category.CONTROL_FLOW
@@ -42,26 +61,43 @@ class Classification:
     """What classification says of every node, in arrays indexed by node id. Painting reads it;
     the plan carries the port roles on to the rewrite."""
 
-    categories: list            # Category per node
-    roles_in: list              # per node: a string of PortRole codes, one per input
-    roles_out: list             # per node: a string of PortRole codes, one per output
-    seeds: list                 # per node: a Seed, or None when nothing fixed its paint
-    reasons: list               # per node: list[Reason]
-    pins_in: list               # per node: input ports pinned fp32 by a rule file
+    categories: list  # Category per node
+    roles_in: list  # per node: a string of PortRole codes, one per input
+    roles_out: list  # per node: a string of PortRole codes, one per output
+    seeds: list  # per node: a Seed, or None when nothing fixed its paint
+    reasons: list  # per node: list[Reason]
+    pins_in: list  # per node: input ports pinned fp32 by a rule file
     pins_out: list
-    frozen: list                # per node: True when a float port has an unknown type
-    warnings: list = field(default_factory=list)       # (code, message, node label)
-    clamp: dict = field(default_factory=dict)           # initializer name -> why (forced low)
-    flush_notes: dict = field(default_factory=dict)     # id(value) -> (value, message)
+    frozen: list  # per node: True when a float port has an unknown type
+    warnings: list = field(default_factory=list)  # (code, message, node label)
+    clamp: dict = field(default_factory=dict)  # initializer name -> why (forced low)
+    flush_notes: dict = field(default_factory=dict)  # id(value) -> (value, message)
 
     @classmethod
     def empty(cls, n: int) -> Classification:
-        return cls(categories=[None] * n, roles_in=[None] * n, roles_out=[None] * n, seeds=[None] * n,
-                   reasons=[None] * n, pins_in=[()] * n, pins_out=[()] * n, frozen=[False] * n)
+        return cls(
+            categories=[None] * n,
+            roles_in=[None] * n,
+            roles_out=[None] * n,
+            seeds=[None] * n,
+            reasons=[None] * n,
+            pins_in=[()] * n,
+            pins_out=[()] * n,
+            frozen=[False] * n,
+        )
 
 
-def classify(index: GraphIndex, rules: RuleSet, target: Precision, *, exclude_ops=(), exclude_nodes=(),
-             include_nodes=(), ranges=None, force_fp32=None) -> Classification:
+def classify(
+    index: GraphIndex,
+    rules: RuleSet,
+    target: Precision,
+    *,
+    exclude_ops=(),
+    exclude_nodes=(),
+    include_nodes=(),
+    ranges=None,
+    force_fp32=None,
+) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
       1. categories from the rule files (control-flow nodes are CONTROL_FLOW);
@@ -87,10 +123,12 @@ def classify(index: GraphIndex, rules: RuleSet, target: Precision, *, exclude_op
 def _assign_categories(index: GraphIndex, rules: RuleSet, result: Classification) -> None:
     """Pass 1: each node's category from the rule files, looked up once per op type.
 
-        MatMul -> LOW_PRECISION, Softmax -> KEEP_FP32, If -> CONTROL_FLOW, MyCustomOp -> unknown_op"""
-    control_reason = Reason("control-flow", "control flow: its subgraphs are planned node by node; "
-                            "its own inputs and outputs keep their types")
-    category_of: dict = {}    # (domain, op) -> (Category, shared Reason)
+    MatMul -> LOW_PRECISION, Softmax -> KEEP_FP32, If -> CONTROL_FLOW, MyCustomOp -> unknown_op"""
+    control_reason = Reason(
+        "control-flow",
+        "control flow: its subgraphs are planned node by node; its own inputs and outputs keep their types",
+    )
+    category_of: dict = {}  # (domain, op) -> (Category, shared Reason)
     categories, reasons = result.categories, result.reasons
     for node in index.nodes:
         if node.subscopes:
@@ -125,8 +163,9 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
         key = (domain, op, len(node.inputs), len(node.outputs))
         tmpl = templates.get(key)
         if tmpl is None:
-            tmpl = templates[key] = _template(index, rules, domain, op, len(node.inputs), len(node.outputs),
-                                              target_type)
+            tmpl = templates[key] = _template(
+                index, rules, domain, op, len(node.inputs), len(node.outputs), target_type
+            )
         t_in, t_out, pins_in, pins_out = tmpl
         control = cat == Category.CONTROL_FLOW
         unplanned = cat in _UNPLANNED
@@ -168,18 +207,32 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
         result.pins_out[nid] = pins_out
         if unknown:
             result.frozen[nid] = True
-            reasons[nid].append(Reason("unknown-type", "a float-capable input or output has no known type; "
-                                       "the node keeps its types and nothing is cast around it"))
-            result.warnings.append(("unknown-type", f"node {node.label} ({op}) has tensors of unknown type; "
-                                    "it is left as it is", node.label))
+            reasons[nid].append(
+                Reason(
+                    "unknown-type",
+                    "a float-capable input or output has no known type; "
+                    "the node keeps its types and nothing is cast around it",
+                )
+            )
+            result.warnings.append(
+                (
+                    "unknown-type",
+                    f"node {node.label} ({op}) has tensors of unknown type; it is left as it is",
+                    node.label,
+                )
+            )
             continue
         if unplanned:
             continue
         if _FOLLOW not in ri and _FOLLOW not in ro:
             if (_FP32 in ri or _FP32 in ro) and _FOLLOW not in t_in + t_out and cat != Category.KEEP_FP32:
                 seeds[nid] = Seed.SCHEMA
-                reasons[nid].append(Reason("schema", f"the schema of {op} at opset {index.opset(domain)} has no "
-                                           f"{target} for this node's tensors"))
+                reasons[nid].append(
+                    Reason(
+                        "schema",
+                        f"the schema of {op} at opset {index.opset(domain)} has no {target} for this node's tensors",
+                    )
+                )
             continue
         planned.append(node)
     if log.isEnabledFor(logging.DEBUG):
@@ -187,8 +240,9 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     return planned
 
 
-def _apply_selections(planned, node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32,
-                      result: Classification) -> None:
+def _apply_selections(
+    planned, node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result: Classification
+) -> None:
     """Pass 3: `[[nodes]]` rules, then --include-node, --exclude-node, --exclude-op and the accuracy
     search's forced nodes; a later one overrides an earlier one, so exclusion beats inclusion.
 
@@ -204,9 +258,14 @@ def _apply_selections(planned, node_rules, exclude_ops, exclude_nodes, include_n
         forced = None
         for rule in node_rules:
             if rule.matches(name, op):
-                forced = (Seed.DENY if rule.precision == "fp32" else Seed.ALLOW,
-                          Reason("node-rule", f"node rule forces {rule.precision}"
-                                 + (f": {rule.why}" if rule.why else ""), str(rule.source)))
+                forced = (
+                    Seed.DENY if rule.precision == "fp32" else Seed.ALLOW,
+                    Reason(
+                        "node-rule",
+                        f"node rule forces {rule.precision}" + (f": {rule.why}" if rule.why else ""),
+                        str(rule.source),
+                    ),
+                )
         for pattern in include_nodes:
             if pattern.search(name):
                 forced = (Seed.ALLOW, Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
@@ -236,13 +295,15 @@ def _apply_calibration(index, planned, ranges, target: Precision, thresholds, re
         nid = node.id
         if result.categories[nid] not in _ARITHMETIC or node.scope is not index.main:
             continue
-        measured = _calibration_verdict(node, result.roles_in[nid], result.roles_out[nid], ranges,
-                                        target.elem_type, thresholds)
+        measured = _calibration_verdict(
+            node, result.roles_in[nid], result.roles_out[nid], ranges, target.elem_type, thresholds
+        )
         if measured is None:
             continue
         if seeds[nid] == Seed.ALLOW:
-            result.warnings.append(("calibration", f"node {node.label}: {measured.message}; forced to "
-                                    f"{target} anyway", node.label))
+            result.warnings.append(
+                ("calibration", f"node {node.label}: {measured.message}; forced to {target} anyway", node.label)
+            )
             reasons[nid].append(measured)
         elif seeds[nid] != Seed.DENY:
             seeds[nid] = Seed.DENY
@@ -282,12 +343,18 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
             result.flush_notes[id(value)] = (value, message)
             continue
         if seeds[nid] == Seed.ALLOW:
-            reasons[nid].append(Reason(kind, f"{message}; converted anyway because a rule forces low "
-                                       "precision", value=measured))
+            reasons[nid].append(
+                Reason(kind, f"{message}; converted anyway because a rule forces low precision", value=measured)
+            )
             if value.kind == "initializer":
                 result.clamp[value.name] = message
-            result.warnings.append((kind, f"node {node.label}: {message}, forced to "
-                                    f"{target} (values are clamped to the finite range)", node.label))
+            result.warnings.append(
+                (
+                    kind,
+                    f"node {node.label}: {message}, forced to {target} (values are clamped to the finite range)",
+                    node.label,
+                )
+            )
         elif seeds[nid] != Seed.DENY:
             seeds[nid] = Seed.DENY
             reasons[nid].append(Reason(kind, message, value=measured))
@@ -301,8 +368,9 @@ def is_constant(value: Value) -> bool:
     return value.initializer is not None or (value.producer is not None and value.producer.op == "Constant")
 
 
-def _propagate_range_through_clear_ops(result: Classification, checked, index: GraphIndex, target: Precision,
-                                       thresholds) -> None:
+def _propagate_range_through_clear_ops(
+    result: Classification, checked, index: GraphIndex, target: Precision, thresholds
+) -> None:
     """Pass 5, continued. A clear op (Transpose, Reshape, Identity, ...) passes an out-of-range
     constant on unchanged, and so does a Loop or Scan that takes it as a loop-carried or scanned
     input: whatever reads the copy in low precision would overflow too. Such readers of any
@@ -335,7 +403,11 @@ def _propagate_range_through_clear_ops(result: Classification, checked, index: G
             j = consumer.id
             if categories[j] == Category.CONTROL_FLOW:
                 for sub in consumer.subscopes:
-                    if consumer.op in ("Loop", "Scan") and port < len(sub.inputs) and (consumer.op == "Scan" or port >= 2):
+                    if (
+                        consumer.op in ("Loop", "Scan")
+                        and port < len(sub.inputs)
+                        and (consumer.op == "Scan" or port >= 2)
+                    ):
                         work.append((sub.inputs[port], source, verdict, consumer))
                 continue
             if result.roles_in[j][port] not in (_FOLLOW + _ANY) or categories[j] == Category.NON_FLOAT:
@@ -346,10 +418,15 @@ def _propagate_range_through_clear_ops(result: Classification, checked, index: G
                     if out is not None and ro[k] == _FOLLOW:
                         work.append((out, source, verdict, consumer))
             if via is None or seeds[j] in (Seed.DENY, Seed.ALLOW):
-                continue   # direct readers were judged by the data rules already
+                continue  # direct readers were judged by the data rules already
             seeds[j] = Seed.DENY
-            result.reasons[j].append(Reason("data-range", f"reads '{source.name}' through {via.op} "
-                                            f"({via.label}): {verdict[1]}", value=verdict[2]))
+            result.reasons[j].append(
+                Reason(
+                    "data-range",
+                    f"reads '{source.name}' through {via.op} ({via.label}): {verdict[1]}",
+                    value=verdict[2],
+                )
+            )
 
 
 def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
@@ -374,8 +451,10 @@ def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
         return None
     name, v, kind = worst
     if kind == "over":
-        message = (f"calibration: max |{name}| = {v:.4g} exceeds {limit:.4g} (the {tname} maximum / "
-                   f"calibration_headroom {thresholds['calibration_headroom']:g})")
+        message = (
+            f"calibration: max |{name}| = {v:.4g} exceeds {limit:.4g} (the {tname} maximum / "
+            f"calibration_headroom {thresholds['calibration_headroom']:g})"
+        )
     else:
         message = f"calibration: max |{name}| = {v:.3g}: every value flushes to zero in {tname}"
     return Reason("calibration", message, "rules/default.toml [thresholds] calibration_headroom", value=v)
@@ -385,13 +464,17 @@ def _category(rules, domain, op, node, warnings) -> tuple[Category, Reason]:
     op_rule = rules.ops.get((domain, op))
     if op_rule is not None:
         return Category.from_rule_name(op_rule.category), Reason(
-            "op-category", f"{op} is in category {op_rule.category}: {op_rule.why}", str(op_rule.source))
+            "op-category", f"{op} is in category {op_rule.category}: {op_rule.why}", str(op_rule.source)
+        )
     qualified = f"{domain}:{op}" if domain else op
-    warnings.append(("unknown-op", f"op {qualified} is not in any rule file; its nodes are "
-                     f"{rules.unknown_op.category}", node.label))
+    warnings.append(
+        ("unknown-op", f"op {qualified} is not in any rule file; its nodes are {rules.unknown_op.category}", node.label)
+    )
     return Category.from_rule_name(rules.unknown_op.category), Reason(
-        "unknown-op", f"no rule names {qualified}; unknown ops are {rules.unknown_op.category}",
-        str(rules.unknown_op.source))
+        "unknown-op",
+        f"no rule names {qualified}; unknown ops are {rules.unknown_op.category}",
+        str(rules.unknown_op.source),
+    )
 
 
 def _template(index, rules, domain, op, n_in, n_out, target: int):
@@ -399,8 +482,11 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
     tensors' actual types are known: (roles_in, roles_out, pinned inputs, pinned outputs)."""
     sig = signatures.lookup(domain, op, index.opset(domain))
     if sig is None and domain == "":
-        raise AutocastError(f"op '{op}' does not exist in the default ONNX domain at opset {index.opset('')}",
-                            index.where, "the model is corrupted or needs a newer onnx package")
+        raise AutocastError(
+            f"op '{op}' does not exist in the default ONNX domain at opset {index.opset('')}",
+            index.where,
+            "the model is corrupted or needs a newer onnx package",
+        )
     pin = rules.pins.get((domain, op))
     pins_in = pin.inputs if pin else ()
     pins_out = pin.outputs if pin else ()
@@ -432,7 +518,7 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
 
 def constant_array(value: Value):
     """The fp32 data of an initializer or Constant-node output, or None if not constant."""
-    if value.initializer is not None:     # an initializer, or the default of an input
+    if value.initializer is not None:  # an initializer, or the default of an input
         array = tensor_array(value.initializer, value.scope.base_dir)
         if value.initializer.data_type == BFLOAT16:
             return bf16_bits_to_float(array)
@@ -515,21 +601,39 @@ def _verdict(value: Value, data: np.ndarray, target: int, thresholds):
     overflow, largest, flush, nonzero = range_report(data, target)
     tname = dtype_name(target)
     if overflow:
-        return ("data-range", f"constant '{value.name}' holds {overflow} value(s) beyond the {tname} range "
-                f"(largest |x| = {largest:.4g})", largest)
+        return (
+            "data-range",
+            f"constant '{value.name}' holds {overflow} value(s) beyond the {tname} range (largest |x| = {largest:.4g})",
+            largest,
+        )
     if flush:
         small = thresholds["small_constant_elements"]
         tiny = float(np.abs(data[(data != 0)]).min())
         fraction = flush / max(nonzero, 1)
         if data.size <= small:
             if flush == nonzero:
-                return ("data-flush", f"small constant '{value.name}' would become zero in {tname} "
-                        f"(smallest nonzero |x| = {tiny:.3g}), like an epsilon", tiny)
-            return ("note", f"{flush} of {nonzero} nonzero values of small constant '{value.name}' flush to "
-                    f"zero in {tname} (smallest |x| = {tiny:.3g})", tiny)
+                return (
+                    "data-flush",
+                    f"small constant '{value.name}' would become zero in {tname} "
+                    f"(smallest nonzero |x| = {tiny:.3g}), like an epsilon",
+                    tiny,
+                )
+            return (
+                "note",
+                f"{flush} of {nonzero} nonzero values of small constant '{value.name}' flush to "
+                f"zero in {tname} (smallest |x| = {tiny:.3g})",
+                tiny,
+            )
         if fraction > thresholds["max_flush_fraction"]:
-            return ("data-flush", f"{fraction:.2%} of the nonzero values of '{value.name}' flush to zero in "
-                    f"{tname}", fraction)
-        return ("note", f"{flush} of {nonzero} nonzero values of '{value.name}' flush to zero in {tname} "
-                f"({fraction:.3%}, under max_flush_fraction)", fraction)
+            return (
+                "data-flush",
+                f"{fraction:.2%} of the nonzero values of '{value.name}' flush to zero in {tname}",
+                fraction,
+            )
+        return (
+            "note",
+            f"{flush} of {nonzero} nonzero values of '{value.name}' flush to zero in {tname} "
+            f"({fraction:.3%}, under max_flush_fraction)",
+            fraction,
+        )
     return False

@@ -35,10 +35,10 @@ PRECISIONS = tuple(p.value for p in Precision)
 
 @dataclass
 class Reason:
-    code: str                    # stable identifier of the rule kind, e.g. "op-category"
+    code: str  # stable identifier of the rule kind, e.g. "op-category"
     message: str
-    source: str | None = None    # rule file and line, e.g. "rules/default.toml:84"
-    value: float | None = None   # a measured value, e.g. the largest |x| of a constant
+    source: str | None = None  # rule file and line, e.g. "rules/default.toml:84"
+    value: float | None = None  # a measured value, e.g. the largest |x| of a constant
 
     def text(self) -> str:
         out = self.message
@@ -49,17 +49,17 @@ class Reason:
 
 @dataclass(slots=True)
 class NodePlan:
-    id: int                      # position in the index's node list (stable for one model)
+    id: int  # position in the index's node list (stable for one model)
     name: str
     op_type: str
     domain: str
-    graph: str                   # "main" or the path of the subgraph
-    category: str                # Category.rule_name: low_precision, follow, keep_fp32, ...
-    precision: str               # a Precision value
+    graph: str  # "main" or the path of the subgraph
+    category: str  # Category.rule_name: low_precision, follow, keep_fp32, ...
+    precision: str  # a Precision value
     reasons: list[Reason] = field(default_factory=list)
-    roles_in: str = ""           # PortRole code per input port
-    roles_out: str = ""          # PortRole code per output port
-    fp32_inputs: list[int] = field(default_factory=list)    # ports pinned by a rule file
+    roles_in: str = ""  # PortRole code per input port
+    roles_out: str = ""  # PortRole code per output port
+    fp32_inputs: list[int] = field(default_factory=list)  # ports pinned by a rule file
     fp32_outputs: list[int] = field(default_factory=list)
 
     @property
@@ -78,6 +78,7 @@ class PlanWarning:
 
 def vocabulary() -> dict:
     """The legend of the codes a plan file uses, written into it so the file explains itself."""
+
     def doc(member) -> str:
         return " ".join((member.__doc__ or "").split())
 
@@ -93,8 +94,16 @@ class PrecisionPlan:
     `roles_in` and `roles_out` are compact per-node lists (by node id), which is all the rewrite
     reads; `nodes` holds the full entries and may be built on first use."""
 
-    def __init__(self, target: Precision | str, keep_io_types: bool, nodes: list[NodePlan] | None,
-                 rule_files=(), warnings=(), clamp_initializers=None, fingerprint: str | None = None):
+    def __init__(
+        self,
+        target: Precision | str,
+        keep_io_types: bool,
+        nodes: list[NodePlan] | None,
+        rule_files=(),
+        warnings=(),
+        clamp_initializers=None,
+        fingerprint: str | None = None,
+    ):
         self.target = Precision.target(target)
         self.keep_io_types = keep_io_types
         self._nodes = nodes
@@ -104,7 +113,7 @@ class PrecisionPlan:
         self.rule_files = list(rule_files)
         self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
-        self.source: str | None = None        # the file a replayed plan was read from
+        self.source: str | None = None  # the file a replayed plan was read from
         nodes = nodes or []
         self.precisions: list = [Precision(n.precision) for n in nodes]
         self.categories: list[str] = [n.category for n in nodes]
@@ -135,7 +144,7 @@ class PrecisionPlan:
         return isinstance(other, PrecisionPlan) and self.to_dict() == other.to_dict()
 
     def counts(self) -> dict[str, int]:
-        out = {p: 0 for p in PRECISIONS}
+        out = dict.fromkeys(PRECISIONS, 0)
         for precision in self.precisions:
             out[precision] += 1
         return out
@@ -178,8 +187,9 @@ class PrecisionPlan:
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise AutocastError(f"not a plan file (invalid JSON: {exc})", where,
-                                "pass a file written by convert --plan-out") from None
+            raise AutocastError(
+                f"not a plan file (invalid JSON: {exc})", where, "pass a file written by convert --plan-out"
+            ) from None
         return cls.from_dict(data, where)
 
     @classmethod
@@ -192,8 +202,9 @@ class PrecisionPlan:
         except FileNotFoundError:
             raise AutocastError("plan file not found", str(path), "check the --plan path") from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise AutocastError(f"cannot read plan file: {exc}", str(path), "pass a file written by --plan-out") \
-                from None
+            raise AutocastError(
+                f"cannot read plan file: {exc}", str(path), "pass a file written by --plan-out"
+            ) from None
         plan = cls.from_json(text, str(path))
         plan.source = str(path)
         return plan
@@ -204,5 +215,14 @@ class PrecisionPlan:
         write_text_atomic(Path(path), self.to_json() + "\n")
 
 
-__all__ = ["PLAN_VERSION", "PRECISIONS", "NodePlan", "Paint", "PlanWarning", "PrecisionPlan", "Reason", "Seed",
-           "vocabulary"]
+__all__ = [
+    "PLAN_VERSION",
+    "PRECISIONS",
+    "NodePlan",
+    "Paint",
+    "PlanWarning",
+    "PrecisionPlan",
+    "Reason",
+    "Seed",
+    "vocabulary",
+]

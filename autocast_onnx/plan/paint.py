@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 _LOW, _FP32, _OPEN, _NONE = Paint.LOW, Paint.FP32, Paint.UNDECIDED, Paint.NONE
 _FOLLOW = PortRole.FOLLOW
-_FLOAT_READ = PortRole.FOLLOW + PortRole.ANY         # input roles an edge runs into
-_FLOAT_WRITE = PortRole.FOLLOW + PortRole.FP32       # output roles a taint leaves through
+_FLOAT_READ = PortRole.FOLLOW + PortRole.ANY  # input roles an edge runs into
+_FLOAT_WRITE = PortRole.FOLLOW + PortRole.FP32  # output roles a taint leaves through
 # Nodes whose output type is an attribute, so they can produce whatever their consumers need.
 _TYPE_SETTING = {"Cast", "Constant", "ConstantOfShape", "EyeLike"}
 
@@ -60,12 +60,13 @@ class _State:
     nodes: list
     classification: Classification
     target_type: int
-    paint: list       # Paint per node
-    cause: list       # per node: None, a Reason, or ("fp32-taint" | "follows-low", source node)
+    paint: list  # Paint per node
+    cause: list  # per node: None, a Reason, or ("fp32-taint" | "follows-low", source node)
 
 
-def paint(index: GraphIndex, classification: Classification, target: Precision, keep_io_types: bool,
-          rule_files=(), order=None) -> PrecisionPlan:
+def paint(
+    index: GraphIndex, classification: Classification, target: Precision, keep_io_types: bool, rule_files=(), order=None
+) -> PrecisionPlan:
     """The precision plan of `index` from its classification (see the module docstring)."""
     target = Precision.target(target)
     n = len(index.nodes)
@@ -75,12 +76,22 @@ def paint(index: GraphIndex, classification: Classification, target: Precision, 
     _propagate_low(state)
     _settle_backward(state, index, keep_io_types, order if order is not None else global_order(index))
     precisions = _precisions(state)
-    plan = PrecisionPlan(target=target, keep_io_types=keep_io_types, nodes=None, rule_files=list(rule_files),
-                         warnings=[PlanWarning(c, m, n_) for c, m, n_ in classification.warnings],
-                         clamp_initializers=dict(classification.clamp))
-    plan.set_lazy_nodes(lambda: _node_plans(state, precisions), precisions,
-                        [CATEGORY_NAME[c] for c in classification.categories],
-                        classification.roles_in, classification.roles_out, lambda: index_fingerprint(index))
+    plan = PrecisionPlan(
+        target=target,
+        keep_io_types=keep_io_types,
+        nodes=None,
+        rule_files=list(rule_files),
+        warnings=[PlanWarning(c, m, n_) for c, m, n_ in classification.warnings],
+        clamp_initializers=dict(classification.clamp),
+    )
+    plan.set_lazy_nodes(
+        lambda: _node_plans(state, precisions),
+        precisions,
+        [CATEGORY_NAME[c] for c in classification.categories],
+        classification.roles_in,
+        classification.roles_out,
+        lambda: index_fingerprint(index),
+    )
     _flush_warnings(state, plan)
     return plan
 
@@ -88,14 +99,14 @@ def paint(index: GraphIndex, classification: Classification, target: Precision, 
 def _seed(state: _State) -> None:
     """Pass 1: the paint rules and classification fix before anything flows.
 
-        MatMul (low_precision) -> LOW     Softmax (keep_fp32) -> FP32     Add (follow) -> UNDECIDED
-        a node kept fp32 by a rule, data rule, schema or unknown type -> FP32; forced low -> LOW"""
+    MatMul (low_precision) -> LOW     Softmax (keep_fp32) -> FP32     Add (follow) -> UNDECIDED
+    a node kept fp32 by a rule, data rule, schema or unknown type -> FP32; forced low -> LOW"""
     c = state.classification
     paint = state.paint
     categories, seeds, frozen, roles_in, roles_out = c.categories, c.seeds, c.frozen, c.roles_in, c.roles_out
     unplanned = Category.NON_FLOAT + Category.CONTROL_FLOW
     follow, fp32 = PortRole.FOLLOW.value, PortRole.FP32.value
-    low, keep, deny, schema, allow = Category.LOW_PRECISION, Category.KEEP_FP32, Seed.DENY, Seed.SCHEMA, Seed.ALLOW
+    low, keep, allow = Category.LOW_PRECISION, Category.KEEP_FP32, Seed.ALLOW
     for i in range(len(paint)):
         cat = categories[i]
         if cat in unplanned:
@@ -105,10 +116,10 @@ def _seed(state: _State) -> None:
             continue
         ri, ro = roles_in[i], roles_out[i]
         if follow not in ri and fp32 not in ri and follow not in ro and fp32 not in ro:
-            continue    # no float port follows the node, none is pinned: nothing to paint
+            continue  # no float port follows the node, none is pinned: nothing to paint
         seed = seeds[i]
         if seed is not None:
-            paint[i] = _LOW if seed == allow else _FP32       # deny or schema
+            paint[i] = _LOW if seed == allow else _FP32  # deny or schema
         elif cat == low:
             paint[i] = _LOW
         elif cat == keep:
@@ -116,8 +127,12 @@ def _seed(state: _State) -> None:
         else:
             paint[i] = _OPEN
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("paint pass 1 (seeds): %d low, %d fp32, %d undecided", paint.count(_LOW), paint.count(_FP32),
-                  paint.count(_OPEN))
+        log.debug(
+            "paint pass 1 (seeds): %d low, %d fp32, %d undecided",
+            paint.count(_LOW),
+            paint.count(_FP32),
+            paint.count(_OPEN),
+        )
 
 
 def _propagate_fp32_taint(state: _State) -> None:
@@ -208,15 +223,19 @@ def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, orde
             paint[i] = _LOW
             cause[i] = Reason("consumers-low", "clear op whose consumers all run in low precision")
             moved += 1
-        if (node.op in _TYPE_SETTING and node.domain in ("", "ai.onnx") and paint[i] != _NONE
-                and c.seeds[i] is None and categories[i] == Category.CLEAR):
+        if (
+            node.op in _TYPE_SETTING
+            and node.domain in ("", "ai.onnx")
+            and paint[i] != _NONE
+            and c.seeds[i] is None
+            and categories[i] == Category.CLEAR
+        ):
             needs = set()
             for k, value in enumerate(node.outputs):
                 if roles_out[i][k] != _FOLLOW:
                     continue
                 for consumer, port in value.consumers:
-                    needs.add(required_type(roles_in[consumer.id][port], _node_type(state, consumer.id),
-                                            value.dtype))
+                    needs.add(required_type(roles_in[consumer.id][port], _node_type(state, consumer.id), value.dtype))
                 for scope, _ in value.graph_outputs:
                     # subgraph outputs always keep their types; the main graph's unless told otherwise
                     needs.add(value.dtype if keep_io_types or scope is not index.main else None)
@@ -229,8 +248,9 @@ def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, orde
                     cause[i] = Reason("consumers-need", f"all its consumers need {dtype_name(need)}")
             elif needs and node.op != "Cast" and paint[i] == _LOW:
                 paint[i] = _OPEN
-                cause[i] = Reason("consumers-mixed", "consumers need different types: keeps its own and each "
-                                  "consumer gets a cast")
+                cause[i] = Reason(
+                    "consumers-mixed", "consumers need different types: keeps its own and each consumer gets a cast"
+                )
             moved += paint[i] != before
     log.debug("paint pass 4 (backward settle): %d clear and type-setting nodes moved", moved)
 
@@ -280,8 +300,9 @@ def _node_plans(state: _State, precisions: list) -> list[NodePlan]:
         if why.__class__ is tuple:
             code, src = why
             if code == "fp32-taint":
-                why = Reason(code, f"fed by fp32 node {src.label} ({src.op}); fp32 flows forward through "
-                             "follow and clear ops")
+                why = Reason(
+                    code, f"fed by fp32 node {src.label} ({src.op}); fp32 flows forward through follow and clear ops"
+                )
             else:
                 why = Reason(code, f"fed by low-precision node {src.label} ({src.op}) and by no fp32 node")
         if why is not None:
@@ -289,15 +310,34 @@ def _node_plans(state: _State, precisions: list) -> list[NodePlan]:
         cat = c.categories[i]
         if p == _OPEN:
             original = _original_type(node, c.roles_in[i], c.roles_out[i])
-            reasons.append(Reason("unchanged", "not fed by a low-precision node and nothing forces it: "
-                                  f"keeps its type ({dtype_name(original)})"))
-        elif (p not in (_LOW, _FP32) or c.frozen[i]) and cat not in (Category.NON_FLOAT, Category.CONTROL_FLOW) \
-                and not c.frozen[i]:
+            reasons.append(
+                Reason(
+                    "unchanged",
+                    f"not fed by a low-precision node and nothing forces it: keeps its type ({dtype_name(original)})",
+                )
+            )
+        elif (
+            (p not in (_LOW, _FP32) or c.frozen[i])
+            and cat not in (Category.NON_FLOAT, Category.CONTROL_FLOW)
+            and not c.frozen[i]
+        ):
             reasons.append(Reason("no-float", "no float tensor follows this op's precision"))
-        plans.append(NodePlan(id=i, name=node.name, op_type=node.op, domain=node.domain, graph=node.scope.path,
-                              category=CATEGORY_NAME[cat], precision=str(precisions[i]), reasons=reasons,
-                              roles_in=c.roles_in[i], roles_out=c.roles_out[i],
-                              fp32_inputs=list(c.pins_in[i]), fp32_outputs=list(c.pins_out[i])))
+        plans.append(
+            NodePlan(
+                id=i,
+                name=node.name,
+                op_type=node.op,
+                domain=node.domain,
+                graph=node.scope.path,
+                category=CATEGORY_NAME[cat],
+                precision=str(precisions[i]),
+                reasons=reasons,
+                roles_in=c.roles_in[i],
+                roles_out=c.roles_out[i],
+                fp32_inputs=list(c.pins_in[i]),
+                fp32_outputs=list(c.pins_out[i]),
+            )
+        )
     return plans
 
 
@@ -307,9 +347,14 @@ def _flush_warnings(state: _State, plan: PrecisionPlan) -> None:
     for value, message in c.flush_notes.values():
         users = [n for n, port in value.consumers if state.paint[n.id] == _LOW and c.roles_in[n.id][port] == _FOLLOW]
         if users:
-            plan.warnings.append(PlanWarning("data-flush", f"{message}; converted for {users[0].label}"
-                                             + (f" and {len(users) - 1} more" if len(users) > 1 else ""),
-                                             users[0].label))
+            plan.warnings.append(
+                PlanWarning(
+                    "data-flush",
+                    f"{message}; converted for {users[0].label}"
+                    + (f" and {len(users) - 1} more" if len(users) > 1 else ""),
+                    users[0].label,
+                )
+            )
 
 
 def _original_type(node, roles_in, roles_out):
@@ -333,8 +378,10 @@ def index_fingerprint(index: GraphIndex) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for scope in index.scopes:
         positions = {id(v): k for k, v in enumerate(scope.inputs)}
-        digest.update(f"G|{scope.path}|{len(scope.nodes)}|{[v.dtype for v in scope.inputs]}|"
-                      f"{[v.dtype for v in scope.outputs]}\n".encode())
+        digest.update(
+            f"G|{scope.path}|{len(scope.nodes)}|{[v.dtype for v in scope.inputs]}|"
+            f"{[v.dtype for v in scope.outputs]}\n".encode()
+        )
         for node in scope.nodes:
             sources = []
             for value in node.inputs:

@@ -86,8 +86,14 @@ class Category(_Code):
         return cls(_CATEGORY_CODE[name])
 
 
-_CATEGORY_NAME = {"L": "low_precision", "F": "follow", "K": "keep_fp32", "C": "clear", "N": "non_float",
-                  "X": "control_flow"}
+_CATEGORY_NAME = {
+    "L": "low_precision",
+    "F": "follow",
+    "K": "keep_fp32",
+    "C": "clear",
+    "N": "non_float",
+    "X": "control_flow",
+}
 _CATEGORY_CODE = {v: k for k, v in _CATEGORY_NAME.items()}
 CATEGORY_NAME = dict(_CATEGORY_NAME)
 """code -> rule-file name, for the compact per-node arrays."""

@@ -18,8 +18,9 @@ def compare_baseline(report: dict, prior: dict | None, after, fail_on: str) -> d
         gate["new_findings"] = [d.as_dict() for d in blocking]
         gate["regressions"] = failed_outputs
     else:
-        known = {(d["code"], d["graph"], d["node"] or "", d["tensor"] or "")
-                 for d in prior["lint_converted"]["diagnostics"]}
+        known = {
+            (d["code"], d["graph"], d["node"] or "", d["tensor"] or "") for d in prior["lint_converted"]["diagnostics"]
+        }
         gate["new_findings"] = [d.as_dict() for d in blocking if d.key() not in known]
         if prior.get("validation") is None:
             # the baseline did not validate: it says nothing about accuracy, so every failure counts
@@ -39,8 +40,9 @@ def check_summary(report: dict) -> str:
     lines.append(f"  lint ({label}): {before['error']} error, {before['warning']} warning, {before['info']} info")
     conv = report["conversion"]
     counts = ", ".join(f"{k} {v}" for k, v in conv["counts"].items() if v)
-    lines.append(f"  convert to {conv['precision']}: {counts}; {conv['casts_added']} casts; "
-                 f"{len(conv['warnings'])} warning(s)")
+    lines.append(
+        f"  convert to {conv['precision']}: {counts}; {conv['casts_added']} casts; {len(conv['warnings'])} warning(s)"
+    )
     after = report["lint_converted"]["summary"]
     lines.append(f"  lint (converted model): {after['error']} error, {after['warning']} warning, {after['info']} info")
     v = report.get("validation")
@@ -49,14 +51,19 @@ def check_summary(report: dict) -> str:
     else:
         worst = max(v["outputs"], key=lambda o: o["relative_error"])
         speed = f"; speed-up {v['speed']['speedup_p50']:.2f}x on {v['speed']['device']}" if v.get("speed") else ""
-        lines.append(f"  validate ({v['numerics']} on {v['device']}): {'pass' if v['passed'] else 'FAIL'}; worst "
-                     f"relative error {worst['relative_error']:.3g} ({worst['name']}){speed}")
+        lines.append(
+            f"  validate ({v['numerics']} on {v['device']}): {'pass' if v['passed'] else 'FAIL'}; worst "
+            f"relative error {worst['relative_error']:.3g} ({worst['name']}){speed}"
+        )
     gate = report["gate"]
     for d in gate["new_findings"][:10]:
-        lines.append(f"  {'new ' if gate['baseline'] else ''}finding {d['code']} {d['name']} at {d['node'] or '(model)'}: "
-                     f"{d['message']}")
+        lines.append(
+            f"  {'new ' if gate['baseline'] else ''}finding {d['code']} {d['name']} at {d['node'] or '(model)'}: "
+            f"{d['message']}"
+        )
     for name in gate["regressions"]:
         lines.append(f"  {'regression' if gate['baseline'] else 'failed output'}: {name}")
-    lines.append("result: " + ("PASS" if gate["passed"] else "FAIL")
-                 + (" (against the baseline)" if gate["baseline"] else ""))
+    lines.append(
+        "result: " + ("PASS" if gate["passed"] else "FAIL") + (" (against the baseline)" if gate["baseline"] else "")
+    )
     return "\n".join(lines)

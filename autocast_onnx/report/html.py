@@ -32,13 +32,21 @@ def _bars(rows, width=640, bar_h=22, label_w=200, fmt="{:.3g}", threshold=None, 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">']
     for i, (label, value, colour) in enumerate(rows):
         y = 10 + i * bar_h
-        parts.append(f'<text x="{label_w - 6}" y="{y + bar_h * 0.65:.1f}" text-anchor="end" font-size="12">{_esc(label[:30])}</text>')
-        parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{max(1.0, x(value) - label_w):.1f}" height="{bar_h - 6}" fill="{colour}"/>')
-        parts.append(f'<text x="{x(value) + 4:.1f}" y="{y + bar_h * 0.65:.1f}" font-size="11">{_esc(fmt.format(value))}{unit}</text>')
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + bar_h * 0.65:.1f}" text-anchor="end" font-size="12">{_esc(label[:30])}</text>'
+        )
+        parts.append(
+            f'<rect x="{label_w}" y="{y + 3}" width="{max(1.0, x(value) - label_w):.1f}" height="{bar_h - 6}" fill="{colour}"/>'
+        )
+        parts.append(
+            f'<text x="{x(value) + 4:.1f}" y="{y + bar_h * 0.65:.1f}" font-size="11">{_esc(fmt.format(value))}{unit}</text>'
+        )
     if threshold:
         tx = x(threshold)
         parts.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="5" y2="{h - 18}" stroke="#444" stroke-dasharray="4 3"/>')
-        parts.append(f'<text x="{tx:.1f}" y="{h - 5}" font-size="11" text-anchor="middle">threshold {threshold:g}</text>')
+        parts.append(
+            f'<text x="{tx:.1f}" y="{h - 5}" font-size="11" text-anchor="middle">threshold {threshold:g}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -52,22 +60,28 @@ def _stacked(rows, width=640, bar_h=20, label_w=200):
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">']
     for i, (label, counts) in enumerate(rows):
         y = 10 + i * bar_h
-        parts.append(f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end" font-size="12">{_esc(label)}</text>')
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end" font-size="12">{_esc(label)}</text>'
+        )
         x = label_w
         for kind in ("fp16", "bf16", "fp32", "none"):
             n = counts.get(kind, 0)
             if not n:
                 continue
             w = n / top * (width - label_w - 60)
-            parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" fill="{COLORS[kind]}">'
-                         f'<title>{_esc(label)}: {n} {kind}</title></rect>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" fill="{COLORS[kind]}">'
+                f"<title>{_esc(label)}: {n} {kind}</title></rect>"
+            )
             x += w
         parts.append(f'<text x="{x + 4:.1f}" y="{y + bar_h * 0.7:.1f}" font-size="11">{sum(counts.values())}</text>')
     legend_y = h - 12
     lx = label_w
     for kind in ("fp16", "bf16", "fp32", "none"):
-        parts.append(f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{COLORS[kind]}"/>'
-                     f'<text x="{lx + 14}" y="{legend_y}" font-size="11">{kind}</text>')
+        parts.append(
+            f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{COLORS[kind]}"/>'
+            f'<text x="{lx + 14}" y="{legend_y}" font-size="11">{kind}</text>'
+        )
         lx += 70
     parts.append("</svg>")
     return "".join(parts)
@@ -84,22 +98,35 @@ def validation_html(report: dict) -> str:
     speed_html = f"<p>{_esc(report.get('speed_skipped') or 'Speed was not measured (--no-speed).')}</p>"
     if speed:
         r, c = speed["reference"], speed["converted"]
-        speed_html = _bars([("reference p50", r["p50_ms"], "#8d99ae"), ("converted p50", c["p50_ms"], "#2a9d8f"),
-                            ("reference p90", r["p90_ms"], "#c0c7d3"), ("converted p90", c["p90_ms"], "#8fd1c8"),
-                            ("reference min", r["min_ms"], "#dde1e8"), ("converted min", c["min_ms"], "#c4e8e3")],
-                           fmt="{:.3f}", unit=" ms")
-        speed_html += (f"<p>Speed-up (p50): <b>{speed['speedup_p50']:.2f}×</b> on {_esc(speed['device'])}, batch "
-                       f"{speed['batch_size']}, {r['iterations']} runs after {r['warmup']} warm-up.</p>")
+        speed_html = _bars(
+            [
+                ("reference p50", r["p50_ms"], "#8d99ae"),
+                ("converted p50", c["p50_ms"], "#2a9d8f"),
+                ("reference p90", r["p90_ms"], "#c0c7d3"),
+                ("converted p90", c["p90_ms"], "#8fd1c8"),
+                ("reference min", r["min_ms"], "#dde1e8"),
+                ("converted min", c["min_ms"], "#c4e8e3"),
+            ],
+            fmt="{:.3f}",
+            unit=" ms",
+        )
+        speed_html += (
+            f"<p>Speed-up (p50): <b>{speed['speedup_p50']:.2f}×</b> on {_esc(speed['device'])}, batch "
+            f"{speed['batch_size']}, {r['iterations']} runs after {r['warmup']} warm-up.</p>"
+        )
         if speed.get("note"):
             speed_html += f"<p class=note>{_esc(speed['note'])}</p>"
     rows = "".join(
         f"<tr class={'pass' if o['passed'] else 'fail'}><td>{_esc(o['name'])}</td><td>{o['max_abs_error']:.4g}</td>"
         f"<td>{o['relative_error']:.4g}</td><td>{o['mean_abs_error']:.4g}</td><td>{o['cosine']:.6f}</td>"
         f"<td>{'-' if o['top1'] is None else format(o['top1'], '.4f')}</td><td>{o['new_nan']}/{o['new_inf']}</td>"
-        f"<td>{'pass' if o['passed'] else 'FAIL: ' + _esc('; '.join(o['failures']))}</td></tr>" for o in outputs)
+        f"<td>{'pass' if o['passed'] else 'FAIL: ' + _esc('; '.join(o['failures']))}</td></tr>"
+        for o in outputs
+    )
     verdict = "PASS" if report["passed"] else "FAIL"
-    numerics = ("emulated low-precision rounding on CPU" if report["numerics"] == "emulate"
-                else "as ONNX Runtime runs it")
+    numerics = (
+        "emulated low-precision rounding on CPU" if report["numerics"] == "emulate" else "as ONNX Runtime runs it"
+    )
     dims = ", ".join(f"{k}={v}" for k, v in report["inputs"]["dims"].items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>autocast-onnx validation: {verdict}</title>
@@ -111,16 +138,16 @@ td:first-child, th:first-child {{ text-align: left; }} tr.fail td {{ background:
 .note {{ color: #666; font-size: 0.9em; }}
 </style></head><body>
 <h1>Validation: <span class="{verdict.lower()}">{verdict}</span></h1>
-<p>Reference <code>{_esc(report['reference']['path'] or '<in memory>')}</code>, converted
-<code>{_esc(report['converted']['path'] or '<in memory>')}</code>. Device {_esc(report['device'])}; numerics:
-{numerics}. Inputs: {_esc(report['inputs']['source'])}, {report['inputs']['batches']} batch(es){'; ' + _esc(dims) if dims else ''}.</p>
-{f"<p class=note>{_esc(report['device_note'])}</p>" if report.get('device_note') else ''}
+<p>Reference <code>{_esc(report["reference"]["path"] or "<in memory>")}</code>, converted
+<code>{_esc(report["converted"]["path"] or "<in memory>")}</code>. Device {_esc(report["device"])}; numerics:
+{numerics}. Inputs: {_esc(report["inputs"]["source"])}, {report["inputs"]["batches"]} batch(es){"; " + _esc(dims) if dims else ""}.</p>
+{f"<p class=note>{_esc(report['device_note'])}</p>" if report.get("device_note") else ""}
 <h2>Per-output error</h2>
 <table><tr><th>output</th><th>max abs</th><th>relative</th><th>mean abs</th><th>cosine</th><th>top-1</th><th>new NaN/inf</th><th>verdict</th></tr>{rows}</table>
 <h3>Relative error (max |error| / max |reference|, log scale)</h3>
-{_bars(err_rows, threshold=t.get('rtol'), log=True)}
+{_bars(err_rows, threshold=t.get("rtol"), log=True)}
 <h3>1 − cosine similarity (log scale)</h3>
-{_bars(cos_rows, threshold=(1 - t['min_cosine']) if t.get('min_cosine') is not None else None, log=True)}
+{_bars(cos_rows, threshold=(1 - t["min_cosine"]) if t.get("min_cosine") is not None else None, log=True)}
 <h2>Precision by op type (converted model)</h2>
 {prec}
 <h2>Latency</h2>

@@ -42,11 +42,14 @@ def lint_text(results) -> str:
     total = counts(diagnostics)
     suppressed = sum(r.suppressed for r in results)
     for r in results:
-        mode = ("as converted" if r.mode == "actual" else
-                f"fp32 model, checked as if every float op ran in {r.precision}")
+        mode = (
+            "as converted" if r.mode == "actual" else f"fp32 model, checked as if every float op ran in {r.precision}"
+        )
         lines.append(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})")
-    lines.append(f"{len(diagnostics)} finding(s): {total['error']} error, {total['warning']} warning, "
-                 f"{total['info']} info; {suppressed} suppressed")
+    lines.append(
+        f"{len(diagnostics)} finding(s): {total['error']} error, {total['warning']} warning, "
+        f"{total['info']} info; {suppressed} suppressed"
+    )
     return "\n".join(lines)
 
 
@@ -55,8 +58,17 @@ def lint_dict(results) -> dict:
     return {
         "schema_version": LINT_SCHEMA_VERSION,
         "tool": {"name": "autocast-onnx", "version": __version__},
-        "models": [{"path": r.model, "mode": r.mode, "precision": r.precision, "checks": r.checks,
-                    "findings": len(r.diagnostics), "suppressed": r.suppressed} for r in results],
+        "models": [
+            {
+                "path": r.model,
+                "mode": r.mode,
+                "precision": r.precision,
+                "checks": r.checks,
+                "findings": len(r.diagnostics),
+                "suppressed": r.suppressed,
+            }
+            for r in results
+        ],
         "summary": counts(diagnostics),
         "diagnostics": [d.as_dict() for d in diagnostics],
     }
@@ -69,15 +81,18 @@ def lint_json(results) -> str:
 def sarif_dict(diagnostics) -> dict:
     checks = list(load_checks())
     index = {c.code: k for k, c in enumerate(checks)}
-    rules = [{
-        "id": c.code,
-        "name": c.name,
-        "shortDescription": {"text": c.summary},
-        "fullDescription": {"text": " ".join(c.why.split())},
-        "help": {"text": c.fix},
-        "defaultConfiguration": {"level": SARIF_LEVEL[c.severity]},
-        "properties": {"kind": c.kind},
-    } for c in checks]
+    rules = [
+        {
+            "id": c.code,
+            "name": c.name,
+            "shortDescription": {"text": c.summary},
+            "fullDescription": {"text": " ".join(c.why.split())},
+            "help": {"text": c.fix},
+            "defaultConfiguration": {"level": SARIF_LEVEL[c.severity]},
+            "properties": {"kind": c.kind},
+        }
+        for c in checks
+    ]
     artifacts = []
     seen = {}
     results = []
@@ -88,25 +103,42 @@ def sarif_dict(diagnostics) -> dict:
             artifacts.append({"location": {"uri": uri}})
         location = {"physicalLocation": {"artifactLocation": {"uri": uri, "index": seen[uri]}}}
         if d.node is not None:
-            location["logicalLocations"] = [{"name": d.node, "fullyQualifiedName": f"{d.graph}::{d.node}",
-                                             "kind": "object"}]
+            location["logicalLocations"] = [
+                {"name": d.node, "fullyQualifiedName": f"{d.graph}::{d.node}", "kind": "object"}
+            ]
         value = d.as_dict()["value"]
-        properties = {k: v for k, v in (("opType", d.op_type), ("graph", d.graph), ("nodeIndex", d.node_index),
-                                        ("tensor", d.tensor), ("value", value), ("protected", d.protected))
-                      if v is not None}
-        result = {"ruleId": d.code, "ruleIndex": index[d.code], "level": SARIF_LEVEL[d.severity],
-                  "message": {"text": d.message}, "locations": [location]}
+        properties = {
+            k: v
+            for k, v in (
+                ("opType", d.op_type),
+                ("graph", d.graph),
+                ("nodeIndex", d.node_index),
+                ("tensor", d.tensor),
+                ("value", value),
+                ("protected", d.protected),
+            )
+            if v is not None
+        }
+        result = {
+            "ruleId": d.code,
+            "ruleIndex": index[d.code],
+            "level": SARIF_LEVEL[d.severity],
+            "message": {"text": d.message},
+            "locations": [location],
+        }
         if properties:
             result["properties"] = properties
         results.append(result)
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "autocast-onnx", "version": __version__, "rules": rules}},
-            "artifacts": artifacts,
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {"driver": {"name": "autocast-onnx", "version": __version__, "rules": rules}},
+                "artifacts": artifacts,
+                "results": results,
+            }
+        ],
     }
 
 
@@ -123,20 +155,34 @@ def rules_text() -> str:
 
 def rules_markdown() -> str:
     """docs/rules.md, generated from rules/lint.toml."""
-    out = ["# Lint checks", "",
-           "Generated from [`rules/lint.toml`](../rules/lint.toml) by "
-           "`autocast-onnx rules --format markdown > docs/rules.md`; do not edit by hand.", "",
-           "Select or ignore checks by code, code prefix or name (`--select AC1 --ignore AC402`), in the "
-           "configuration (`select`, `ignore`, `fail-on`, `suppress`) or per node with the metadata key "
-           "`autocast-onnx:ignore` (a comma-separated list of codes). Exit codes: 0 no finding at or above "
-           "`--fail-on` (default error), 1 findings, 2 usage or input error.", "",
-           "| code | name | severity | summary |", "|---|---|---|---|"]
+    out = [
+        "# Lint checks",
+        "",
+        "Generated from [`rules/lint.toml`](../rules/lint.toml) by "
+        "`autocast-onnx rules --format markdown > docs/rules.md`; do not edit by hand.",
+        "",
+        "Select or ignore checks by code, code prefix or name (`--select AC1 --ignore AC402`), in the "
+        "configuration (`select`, `ignore`, `fail-on`, `suppress`) or per node with the metadata key "
+        "`autocast-onnx:ignore` (a comma-separated list of codes). Exit codes: 0 no finding at or above "
+        "`--fail-on` (default error), 1 findings, 2 usage or input error.",
+        "",
+        "| code | name | severity | summary |",
+        "|---|---|---|---|",
+    ]
     checks = load_checks()
     for c in checks:
         out.append(f"| [{c.code}](#{c.code.lower()}-{c.name}) | {c.name} | {c.severity} | {c.summary} |")
     for c in checks:
-        out += ["", f"## {c.code} {c.name}", "", f"**{c.summary}.** Severity: {c.severity}.", "",
-                "Why is this bad? " + " ".join(c.why.split()), "", f"How to fix it: {c.fix}"]
+        out += [
+            "",
+            f"## {c.code} {c.name}",
+            "",
+            f"**{c.summary}.** Severity: {c.severity}.",
+            "",
+            "Why is this bad? " + " ".join(c.why.split()),
+            "",
+            f"How to fix it: {c.fix}",
+        ]
         if c.example:
             out += ["", "Example:", "", f"    {c.example}"]
     return "\n".join(out) + "\n"

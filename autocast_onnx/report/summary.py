@@ -47,8 +47,9 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     plan = result.plan
     cols = [p for p in PRECISIONS if s["precision"].get(p)]
     lines = []
-    head = f"converted to {plan.target}" + (" (model inputs/outputs keep their types)" if plan.keep_io_types
-                                             else " (model inputs/outputs may change type)")
+    head = f"converted to {plan.target}" + (
+        " (model inputs/outputs keep their types)" if plan.keep_io_types else " (model inputs/outputs may change type)"
+    )
     if in_path is not None:
         head = f"{in_path} -> {out_path}: " + head
     lines.append(head)
@@ -57,8 +58,10 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     lines.append("  " + "category".ljust(width) + "".join(p.rjust(11) for p in cols))
     for cat, counts in s["by_category"].items():
         lines.append("  " + cat.ljust(width) + "".join(str(counts.get(p, 0)).rjust(11) for p in cols))
-    lines.append(f"casts added: {s['casts_added']}  initializers converted: {s['initializers_converted']}"
-                 f" (+{s['initializer_copies']} copies)  dtype attributes retargeted: {s['attributes_retargeted']}")
+    lines.append(
+        f"casts added: {s['casts_added']}  initializers converted: {s['initializers_converted']}"
+        f" (+{s['initializer_copies']} copies)  dtype attributes retargeted: {s['attributes_retargeted']}"
+    )
     lines.append(f"initializer bytes: {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}")
     stats = result.stats
     # Changes beyond the plan's casts, said out loud.
@@ -66,7 +69,9 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         names = ", ".join(stats.outputs_renamed[:5]) + (" ..." if len(stats.outputs_renamed) > 5 else "")
         lines.append(f"graph outputs now written by a Cast back to their type (producer output renamed): {names}")
     if stats.graphs_sorted:
-        lines.append(f"graphs that were not topologically sorted and were written sorted: {', '.join(stats.graphs_sorted)}")
+        lines.append(
+            f"graphs that were not topologically sorted and were written sorted: {', '.join(stats.graphs_sorted)}"
+        )
     if stats.clamped_values:
         lines.append(f"values clamped to the finite {plan.target} range (forced by a rule): {stats.clamped_values}")
     if plan.warnings:

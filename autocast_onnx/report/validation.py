@@ -13,8 +13,10 @@ def validation_text(report: dict) -> str:
     lines = []
     ref, conv = report["reference"], report["converted"]
     lines.append(f"validate: {ref['path'] or '<reference>'} vs {conv['path'] or '<converted>'}")
-    numerics = {"emulate": "emulated fp16/bf16 rounding on CPU (see docs/validate.md)",
-                "plain": "as ONNX Runtime runs it"}[report["numerics"]]
+    numerics = {
+        "emulate": "emulated fp16/bf16 rounding on CPU (see docs/validate.md)",
+        "plain": "as ONNX Runtime runs it",
+    }[report["numerics"]]
     lines.append(f"device: {report['device']}  numerics: {numerics}")
     if report.get("device_note"):
         lines.append(f"note: {report['device_note']}")
@@ -24,9 +26,11 @@ def validation_text(report: dict) -> str:
     header = f"  {'output':<24} {'max abs':>10} {'rel':>10} {'mean abs':>10} {'cosine':>10} {'top1':>6} {'nan/inf':>8}  verdict"
     lines.append(header)
     for o in report["outputs"]:
-        lines.append(f"  {o['name'][:24]:<24} {_g(o['max_abs_error']):>10} {_g(o['relative_error']):>10} "
-                     f"{_g(o['mean_abs_error']):>10} {_g(o['cosine'], '.6f'):>10} {_g(o['top1'], '.3f'):>6} "
-                     f"{o['new_nan'] + o['new_inf']:>8}  {'pass' if o['passed'] else 'FAIL'}")
+        lines.append(
+            f"  {o['name'][:24]:<24} {_g(o['max_abs_error']):>10} {_g(o['relative_error']):>10} "
+            f"{_g(o['mean_abs_error']):>10} {_g(o['cosine'], '.6f'):>10} {_g(o['top1'], '.3f'):>6} "
+            f"{o['new_nan'] + o['new_inf']:>8}  {'pass' if o['passed'] else 'FAIL'}"
+        )
         for failure in o["failures"]:
             lines.append(f"      - {failure}")
     t = report["thresholds"]
@@ -34,11 +38,15 @@ def validation_text(report: dict) -> str:
     speed = report.get("speed")
     if speed:
         r, c = speed["reference"], speed["converted"]
-        lines.append(f"speed ({speed['device']}, batch {speed['batch_size']}, {r['iterations']} runs after "
-                     f"{r['warmup']} warm-up): reference p50 {r['p50_ms']:.3f} ms, converted p50 {c['p50_ms']:.3f} ms "
-                     f"-> speed-up {speed['speedup_p50']:.2f}x")
-        lines.append(f"  p90 {r['p90_ms']:.3f} / {c['p90_ms']:.3f} ms, min {r['min_ms']:.3f} / {c['min_ms']:.3f} ms, "
-                     f"throughput {r['throughput_per_s']:.1f} / {c['throughput_per_s']:.1f} per s")
+        lines.append(
+            f"speed ({speed['device']}, batch {speed['batch_size']}, {r['iterations']} runs after "
+            f"{r['warmup']} warm-up): reference p50 {r['p50_ms']:.3f} ms, converted p50 {c['p50_ms']:.3f} ms "
+            f"-> speed-up {speed['speedup_p50']:.2f}x"
+        )
+        lines.append(
+            f"  p90 {r['p90_ms']:.3f} / {c['p90_ms']:.3f} ms, min {r['min_ms']:.3f} / {c['min_ms']:.3f} ms, "
+            f"throughput {r['throughput_per_s']:.1f} / {c['throughput_per_s']:.1f} per s"
+        )
         if speed.get("note"):
             lines.append(f"  note: {speed['note']}")
     if report.get("speed_skipped"):

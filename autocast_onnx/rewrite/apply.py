@@ -39,8 +39,8 @@ class ApplyStats:
     attributes_retargeted: int = 0
     clamped_values: int = 0
     initializer_bytes_delta: int = 0
-    outputs_renamed: list = field(default_factory=list)   # graph outputs now written by a Cast
-    graphs_sorted: list = field(default_factory=list)     # graphs that were not topologically sorted
+    outputs_renamed: list = field(default_factory=list)  # graph outputs now written by a Cast
+    graphs_sorted: list = field(default_factory=list)  # graphs that were not topologically sorted
 
 
 @dataclass
@@ -50,14 +50,14 @@ class _Edit:
 
     index: GraphIndex
     plan: PrecisionPlan
-    node_type: list                 # per node id: the type it computes in, None = its own types
+    node_type: list  # per node id: the type it computes in, None = its own types
     stats: ApplyStats
     names: Names
-    new_type: dict = field(default_factory=dict)     # Value -> the type its producer now gives it
-    head: dict = field(default_factory=dict)         # scope id -> new nodes placed first
-    after: dict = field(default_factory=dict)        # node id -> new nodes placed after it
-    new_inits: dict = field(default_factory=dict)    # scope id -> new initializers
-    jobs: list = field(default_factory=list)         # initializer conversions, run in one batch
+    new_type: dict = field(default_factory=dict)  # Value -> the type its producer now gives it
+    head: dict = field(default_factory=dict)  # scope id -> new nodes placed first
+    after: dict = field(default_factory=dict)  # node id -> new nodes placed after it
+    new_inits: dict = field(default_factory=dict)  # scope id -> new initializers
+    jobs: list = field(default_factory=list)  # initializer conversions, run in one batch
 
     def need(self, consumer, port: int, value) -> int | None:
         return required_type(self.plan.roles_in[consumer.id][port], self.node_type[consumer.id], value.dtype)
@@ -99,15 +99,20 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan) -> ApplyStats:
         if extra:
             scope.graph.initializer.extend(extra)
     stats.graphs_sorted = write_nodes(index, edit.head, edit.after)
-    log.debug("apply: %d casts, %d initializers converted, %d copies, %d attributes retargeted",
-              stats.casts_added, stats.initializers_converted, stats.initializer_copies, stats.attributes_retargeted)
+    log.debug(
+        "apply: %d casts, %d initializers converted, %d copies, %d attributes retargeted",
+        stats.casts_added,
+        stats.initializers_converted,
+        stats.initializer_copies,
+        stats.attributes_retargeted,
+    )
     return stats
 
 
 def _output_types(edit: _Edit) -> None:
     """Pass 1: the type each node output will have.
 
-        MatMul planned fp16: output "p" fp32 -> fp16     Resize "scales" pinned: stays fp32"""
+    MatMul planned fp16: output "p" fp32 -> fp16     Resize "scales" pinned: stays fp32"""
     new_type, node_type, roles_out = edit.new_type, edit.node_type, edit.plan.roles_out
     for node in edit.index.nodes:
         t = node_type[node.id]
@@ -132,7 +137,7 @@ def _low_precision_inputs(edit: _Edit) -> None:
     target = edit.plan.target.elem_type
     for value in edit.index.main.inputs:
         if value.dtype not in MIXABLE or value.initializer is not None:
-            continue   # an input with a default (initializer) keeps the type of its default
+            continue  # an input with a default (initializer) keeps the type of its default
         needs = {edit.need(c, p, value) for c, p in value.consumers} - {None}
         if needs == {target} and not value.graph_outputs:
             edit.new_type[value] = target
@@ -165,7 +170,7 @@ def _insert_casts(edit: _Edit) -> None:
             src_name = value.name
             if out_need is not None:
                 src_name = _keep_graph_output(edit, value, have, out_need)
-                wanted.pop(out_need, None)   # consumers wanting the original type read the graph output itself
+                wanted.pop(out_need, None)  # consumers wanting the original type read the graph output itself
             for need, users in wanted.items():
                 exact = _exact_source(value, need)
                 if exact is not None:
@@ -214,7 +219,7 @@ def _keep_graph_output(edit: _Edit, value, have: int, out_need: int) -> str:
 def _retarget_attributes(edit: _Edit) -> None:
     """Pass 5: nodes whose output type is an attribute are told their planned type.
 
-        Cast(to=FLOAT) planned fp16 -> Cast(to=FLOAT16);  ConstantOfShape(value=0.0f) -> value=0.0h"""
+    Cast(to=FLOAT) planned fp16 -> Cast(to=FLOAT16);  ConstantOfShape(value=0.0f) -> value=0.0h"""
     stats, new_type, roles_out = edit.stats, edit.new_type, edit.plan.roles_out
     clamp = edit.plan.clamp_initializers
     for node in edit.index.nodes:
@@ -343,8 +348,11 @@ def _run_conversions(jobs, stats) -> None:
     """Convert initializers. The common case (fp32 to fp16, no clamping) runs vectorised over
     chunks of tensors; the rest one by one. Sources stored as external data are read a chunk at a
     time, so only the converted payloads accumulate in memory."""
-    fast = [j for j in jobs if j[0].data_type == FLOAT and j[2] == FLOAT16 and not j[3]
-            and (j[0].HasField("raw_data") or is_external(j[0]))]
+    fast = [
+        j
+        for j in jobs
+        if j[0].data_type == FLOAT and j[2] == FLOAT16 and not j[3] and (j[0].HasField("raw_data") or is_external(j[0]))
+    ]
     fast_ids = {id(j) for j in fast}
     if fast:
         sizes = [tensor_nbytes(j[0]) for j in fast]
@@ -358,7 +366,7 @@ def _run_conversions(jobs, stats) -> None:
             for k in group:
                 n = sizes[k] // 2
                 source, copy, dst, _, _ = fast[k]
-                _store(source, copy, dst, bytes(view[offset:offset + n]), stats, sizes[k])
+                _store(source, copy, dst, bytes(view[offset : offset + n]), stats, sizes[k])
                 offset += n
     for job in jobs:
         if id(job) in fast_ids:
@@ -415,5 +423,3 @@ def _retype_constant(proto, t, clamp, stats):
             proto.attribute.append(helper.make_attribute("value", _converted_tensor(tensor, "", t, clamp, stats)))
             stats.attributes_retargeted += 1
             return
-
-

@@ -47,16 +47,24 @@ def cast_node(src: str, dst: str, name: str, to: int) -> bytes:
     large conversions. Fields: input=1, output=2, name=3, op_type=4, attribute=5; in the
     AttributeProto: name=1, i=3, type=20 (INT=2)."""
     attr = b"\x0a\x02to\x18" + _varint(to) + b"\xa0\x01\x02"
-    return (_field(b"\x0a", src) + _field(b"\x12", dst) + _field(b"\x1a", name) + b"\x22\x04Cast"
-            + b"\x2a" + _varint(len(attr)) + attr)
+    return (
+        _field(b"\x0a", src)
+        + _field(b"\x12", dst)
+        + _field(b"\x1a", name)
+        + b"\x22\x04Cast"
+        + b"\x2a"
+        + _varint(len(attr))
+        + attr
+    )
 
 
 def write_nodes(index: GraphIndex, head: dict, after: dict, skip_unchanged: bool = True) -> list[str]:
     """Write every scope's node list back in its topological order, with `head[scope id]` placed
     first and `after[node id]` right after each node (NodeProtos or serialized bytes). Innermost
     graphs first: a body graph is edited through its owner node's proto, which must not have been
-    copied into its parent's rebuilt node list yet. Returns the paths of the graphs that were not
-    sorted before."""
+    copied into its parent's rebuilt node list yet. Every other edit of a body graph must be made
+    before this call: afterwards `scope.graph` of a body is a detached copy. Returns the paths of
+    the graphs that were not sorted before."""
     resorted = []
     for scope in reversed(index.scopes):
         first = head.get(scope.id, [])

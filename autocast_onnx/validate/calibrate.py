@@ -15,7 +15,7 @@ from ..dtypes import MIXABLE
 from ..graph import build_index
 from . import runner
 
-GROUP = 128   # tensors read per session
+GROUP = 128  # tensors read per session
 
 
 @dataclass
@@ -54,7 +54,7 @@ def calibrate(model: onnx.ModelProto, batches: list[dict], device: str = "cpu", 
             if name in ranges:
                 ranges[name].add(array)
     node_values = [n for n in names if index.main.values[n].kind == "node"]
-    groups = [node_values[i:i + GROUP] for i in range(0, len(node_values), GROUP)]
+    groups = [node_values[i : i + GROUP] for i in range(0, len(node_values), GROUP)]
     bar = progress("calibrating", len(groups) * len(batches)) if progress else None
     for group in groups:
         probe = onnx.ModelProto()

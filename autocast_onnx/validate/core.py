@@ -21,24 +21,26 @@ from .inputs import describe_inputs, generate, load_batches, plan_inputs
 from .metrics import OutputStats, Thresholds, verdict
 
 SCHEMA_VERSION = 1
-CPU_SPEED_NOTE = ("measured on CPU: ONNX Runtime's CPU provider has few fp16 kernels and adds casts around the "
-                  "rest, so fp16 speed on CPU says nothing about speed on a GPU")
+CPU_SPEED_NOTE = (
+    "measured on CPU: ONNX Runtime's CPU provider has few fp16 kernels and adds casts around the "
+    "rest, so fp16 speed on CPU says nothing about speed on a GPU"
+)
 
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    inputs: str | None = None          # .npz file or folder of .npz files
+    inputs: str | None = None  # .npz file or folder of .npz files
     dims: dict = field(default_factory=dict)
     ranges: dict = field(default_factory=dict)
-    batches: int = 1                   # generated batches when no inputs are given
+    batches: int = 1  # generated batches when no inputs are given
     seed: int = 0
-    device: str = "auto"               # auto, cpu, cuda
-    numerics: str = "auto"             # auto, emulate, plain
+    device: str = "auto"  # auto, cpu, cuda
+    numerics: str = "auto"  # auto, emulate, plain
     thresholds: Thresholds = field(default_factory=Thresholds)
     speed: bool = True
     iterations: int = 20
     warmup: int = 3
-    class_outputs: list = field(default_factory=list)   # outputs to score top-1/top-k on, by name
+    class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
 
 
 def _load(model, label):
@@ -81,35 +83,45 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     conv_specs = {s.name: s for s in describe_inputs(conv_model)}
     missing = [s.name for s in specs if s.name not in conv_specs]
     if missing:
-        raise AutocastError(f"the converted model lacks input(s) {', '.join(missing)} of the reference",
-                            conv_path or "<converted>", "compare a model with its own conversion")
+        raise AutocastError(
+            f"the converted model lacks input(s) {', '.join(missing)} of the reference",
+            conv_path or "<converted>",
+            "compare a model with its own conversion",
+        )
     plan = plan_inputs(specs, options.dims, options.ranges)
     if options.inputs:
         batches = load_batches(options.inputs, specs)
         plan.source = str(options.inputs)
-        plan.dims, plan.dim_defaults = {}, []     # the arrays' own shapes apply (see inputs.specs)
+        plan.dims, plan.dim_defaults = {}, []  # the arrays' own shapes apply (see inputs.specs)
     else:
         batches = [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
 
     # From the file when there is one: serializing a large parsed model again costs seconds.
     ref_sess = runner.session(ref_path if ref_path else ref_model.SerializeToString(), device)
     if numerics == "emulate":
-        conv_sess = runner.session(emulation_model(conv_model, conv_path or "<converted>").SerializeToString(), "cpu",
-                                   optimize=False)
+        conv_sess = runner.session(
+            emulation_model(conv_model, conv_path or "<converted>").SerializeToString(), "cpu", optimize=False
+        )
     else:
         conv_sess = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
     ref_names = [o.name for o in ref_sess.get_outputs()]
     conv_names = [o.name for o in conv_sess.get_outputs()]
     if ref_names != conv_names:
-        raise AutocastError("the models' outputs differ: " + ", ".join(ref_names) + " vs " + ", ".join(conv_names),
-                            conv_path or "<converted>", "compare a model with its own conversion")
+        raise AutocastError(
+            "the models' outputs differ: " + ", ".join(ref_names) + " vs " + ", ".join(conv_names),
+            conv_path or "<converted>",
+            "compare a model with its own conversion",
+        )
     unknown = set(options.class_outputs) - set(ref_names)
     if unknown:
-        raise AutocastError(f"--class-output names unknown output(s): {', '.join(sorted(unknown))}", None,
-                            "outputs are: " + ", ".join(ref_names))
+        raise AutocastError(
+            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
+            None,
+            "outputs are: " + ", ".join(ref_names),
+        )
     stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in ref_names]
     loop = progress("comparing", len(batches)) if progress else None
-    for k, feeds in enumerate(batches):
+    for feeds in batches:
         conv_feeds = runner.feeds_for(conv_sess, feeds)
         ref_out = runner.run(ref_sess, feeds)
         conv_out = runner.run(conv_sess, conv_feeds)
@@ -136,15 +148,19 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
                 real_conv = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
             except AutocastError as exc:
                 # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
-                real_conv, speed_skipped = None, f"speed not measured: the converted model does not load on " \
-                                                 f"{device} as it is ({exc.what})"
+                real_conv, speed_skipped = (
+                    None,
+                    f"speed not measured: the converted model does not load on {device} as it is ({exc.what})",
+                )
     if options.speed and real_conv is not None:
         ref_lat = runner.latency(ref_sess, feeds, device, options.iterations, options.warmup)
-        conv_lat = runner.latency(real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations,
-                                  options.warmup)
+        conv_lat = runner.latency(
+            real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations, options.warmup
+        )
         batch = _batch_size(feeds)
         speed = {
-            "device": device, "batch_size": batch,
+            "device": device,
+            "batch_size": batch,
             "reference": ref_lat | {"throughput_per_s": batch / (ref_lat["p50_ms"] / 1e3)},
             "converted": conv_lat | {"throughput_per_s": batch / (conv_lat["p50_ms"] / 1e3)},
             "speedup_p50": ref_lat["p50_ms"] / conv_lat["p50_ms"],
@@ -162,10 +178,15 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "device_note": device_note,
         "numerics": numerics,
         "inputs": {
-            "source": plan.source, "batches": len(batches), "dims": plan.dims, "dim_defaults": plan.dim_defaults,
+            "source": plan.source,
+            "batches": len(batches),
+            "dims": plan.dims,
+            "dim_defaults": plan.dim_defaults,
             "ranges": {k: list(v) for k, v in plan.ranges.items()},
-            "specs": [{"name": s.name, "dtype": dtype_name(s.elem_type), "shape": list(batches[0][s.name].shape)}
-                      for s in specs],
+            "specs": [
+                {"name": s.name, "dtype": dtype_name(s.elem_type), "shape": list(batches[0][s.name].shape)}
+                for s in specs
+            ],
         },
         "thresholds": options.thresholds.as_dict(),
         "outputs": outputs,
@@ -200,5 +221,8 @@ def precheck(model_path, options: ValidateOptions) -> None:
     outputs = [o.name for o in source.graph.output]
     unknown = set(options.class_outputs) - set(outputs)
     if unknown:
-        raise AutocastError(f"--class-output names unknown output(s): {', '.join(sorted(unknown))}", str(model_path),
-                            "outputs are: " + ", ".join(outputs))
+        raise AutocastError(
+            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
+            str(model_path),
+            "outputs are: " + ", ".join(outputs),
+        )

@@ -39,8 +39,8 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
     emu.CopyFrom(model)
     index = build_index(emu, where)
     names = Names(index)
-    head: dict[int, list] = {}          # scope id -> nodes to add at the head
-    after: dict[int, list] = {}         # node id -> nodes to add after it
+    head: dict[int, list] = {}  # scope id -> nodes to add at the head
+    after: dict[int, list] = {}  # node id -> nodes to add after it
 
     def cast(src: str, dst: str, to: int) -> bytes:
         return cast_node(src, dst, names.fresh_node(dst), to)
@@ -66,8 +66,9 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
                     if low == BFLOAT16:
                         _set_declared(graph.input, value.name, FLOAT)
                         rounded = names.fresh(f"{value.name}__emu_bf16")
-                        head.setdefault(scope.id, []).extend([cast(value.name, rounded, BFLOAT16),
-                                                              cast(rounded, wide, FLOAT)])
+                        head.setdefault(scope.id, []).extend(
+                            [cast(value.name, rounded, BFLOAT16), cast(rounded, wide, FLOAT)]
+                        )
                     else:
                         head.setdefault(scope.id, []).append(cast(value.name, wide, FLOAT))
                     # consumers include the nodes of subgraphs that read the input from outside
@@ -99,9 +100,11 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
                     _set_declared(graph.output, value.name, FLOAT)
             after.setdefault(producer.id, []).extend(chain)
 
-    write_nodes(index, head, after, skip_unchanged=False)
+    # before the node lists are rewritten: a body graph is reached through its owner's proto, which
+    # write_nodes replaces by a copy
     for scope in index.scopes:
         del scope.graph.value_info[:]
+    write_nodes(index, head, after, skip_unchanged=False)
     return emu
 
 
@@ -113,8 +116,11 @@ def _set_declared(infos, name, elem_type):
 
 def _to_fp32(tensor: TensorProto) -> None:
     if tensor.data_type == BFLOAT16:
-        bits = np.frombuffer(tensor.raw_data, dtype="<u2") if tensor.HasField("raw_data") else \
-            np.asarray(tensor.int32_data, dtype=np.uint16)
+        bits = (
+            np.frombuffer(tensor.raw_data, dtype="<u2")
+            if tensor.HasField("raw_data")
+            else np.asarray(tensor.int32_data, dtype=np.uint16)
+        )
         data = bf16_bits_to_float(bits).reshape(tuple(tensor.dims))
     else:
         data = numpy_helper.to_array(tensor).astype(np.float32)

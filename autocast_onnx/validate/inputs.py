@@ -26,18 +26,19 @@ DEFAULT_BATCH, DEFAULT_SEQ, DEFAULT_OTHER = 3, 16, 8
 class InputSpec:
     name: str
     elem_type: int
-    dims: list            # int, str (symbolic) or None (unknown)
-    vocab: int | None = None   # size of the embedding table the input indexes, when found
-    ranked: bool = True        # False when the model declares no shape (then any rank is taken)
+    dims: list  # int, str (symbolic) or None (unknown)
+    vocab: int | None = None  # size of the embedding table the input indexes, when found
+    ranked: bool = True  # False when the model declares no shape (then any rank is taken)
 
 
 @dataclass
 class InputPlan:
     """How inputs are produced: the specs, the symbolic dims used (and which were defaults)."""
+
     specs: list[InputSpec]
-    dims: dict = field(default_factory=dict)           # symbolic name -> value
-    dim_defaults: list = field(default_factory=list)   # names that took a default
-    ranges: dict = field(default_factory=dict)         # input name -> (lo, hi)
+    dims: dict = field(default_factory=dict)  # symbolic name -> value
+    dim_defaults: list = field(default_factory=list)  # names that took a default
+    ranges: dict = field(default_factory=dict)  # input name -> (lo, hi)
     source: str = "generated"
 
 
@@ -76,7 +77,7 @@ def _vocab(name, consumers, tables, depth=0):
     return None
 
 
-MAX_DIM = 2**31 - 1      # ONNX Runtime's limit on one dimension of an input
+MAX_DIM = 2**31 - 1  # ONNX Runtime's limit on one dimension of an input
 
 
 def parse_assignments(items, what: str, kind=int) -> dict:
@@ -104,15 +105,19 @@ def parse_ranges(items) -> dict:
     for item in items:
         m = re.fullmatch(r"\s*([^=]+?)\s*=\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*", item)
         if not m:
-            raise AutocastError(f"--input-range needs NAME=LO:HI, got {item!r}", "--input-range", "e.g. input_ids=0:30522")
+            raise AutocastError(
+                f"--input-range needs NAME=LO:HI, got {item!r}", "--input-range", "e.g. input_ids=0:30522"
+            )
         try:
             lo, hi = float(m.group(2)), float(m.group(3))
         except ValueError:
-            raise AutocastError(f"--input-range {item!r}: LO and HI must be numbers", "--input-range",
-                                "e.g. input_ids=0:30522") from None
+            raise AutocastError(
+                f"--input-range {item!r}: LO and HI must be numbers", "--input-range", "e.g. input_ids=0:30522"
+            ) from None
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise AutocastError(f"--input-range {item!r}: LO and HI must be finite numbers", "--input-range",
-                                "e.g. input_ids=0:30522")
+            raise AutocastError(
+                f"--input-range {item!r}: LO and HI must be finite numbers", "--input-range", "e.g. input_ids=0:30522"
+            )
         if not hi > lo:
             raise AutocastError(f"--input-range {item!r}: HI must be greater than LO", "--input-range", "swap them")
         out[m.group(1)] = (lo, hi)
@@ -125,17 +130,25 @@ def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict |
     for spec in specs:
         for d in spec.dims:
             if isinstance(d, str) and d not in dims:
-                dims[d] = DEFAULT_BATCH if BATCH_HINT.search(d) else DEFAULT_SEQ if SEQ_HINT.search(d) else DEFAULT_OTHER
+                dims[d] = (
+                    DEFAULT_BATCH if BATCH_HINT.search(d) else DEFAULT_SEQ if SEQ_HINT.search(d) else DEFAULT_OTHER
+                )
                 plan.dim_defaults.append(d)
     symbolic = {d for s in specs for d in s.dims if isinstance(d, str)}
     stray = set(dims) - symbolic - set(plan.dim_defaults)
     if stray:
-        raise AutocastError(f"--dim names no symbolic dimension of the inputs: {', '.join(sorted(stray))}", "--dim",
-                            "symbolic dimensions are: " + (", ".join(sorted(symbolic)) or "none"))
+        raise AutocastError(
+            f"--dim names no symbolic dimension of the inputs: {', '.join(sorted(stray))}",
+            "--dim",
+            "symbolic dimensions are: " + (", ".join(sorted(symbolic)) or "none"),
+        )
     unknown = set(plan.ranges) - {s.name for s in specs}
     if unknown:
-        raise AutocastError(f"--input-range names unknown input(s): {', '.join(sorted(unknown))}", "--input-range",
-                            "inputs are: " + ", ".join(s.name for s in specs))
+        raise AutocastError(
+            f"--input-range names unknown input(s): {', '.join(sorted(unknown))}",
+            "--input-range",
+            "inputs are: " + ", ".join(s.name for s in specs),
+        )
     for spec in specs:
         if spec.name in plan.ranges:
             _check_range(spec, *plan.ranges[spec.name])
@@ -151,24 +164,35 @@ def _check_range(spec: InputSpec, lo: float, hi: float) -> None:
     flag = "--input-range"
     if np.issubdtype(np_type, np.integer):
         info = np.iinfo(np_type)
-        top = min(int(info.max), int(np.iinfo(np.int64).max))     # values are drawn as int64
+        top = min(int(info.max), int(np.iinfo(np.int64).max))  # values are drawn as int64
         if lo < info.min or hi > top:
-            raise AutocastError(f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
-                                f"holds ({info.min}..{top})", flag, "give a range within the input's type")
+            raise AutocastError(
+                f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
+                f"holds ({info.min}..{top})",
+                flag,
+                "give a range within the input's type",
+            )
         if int(hi) <= int(lo):
-            raise AutocastError(f"{flag} {spec.name}={lo:g}:{hi:g} holds no whole number for integer input "
-                                f"'{spec.name}'", flag, "HI is exclusive: e.g. 0:2 gives 0 and 1")
+            raise AutocastError(
+                f"{flag} {spec.name}={lo:g}:{hi:g} holds no whole number for integer input '{spec.name}'",
+                flag,
+                "HI is exclusive: e.g. 0:2 gives 0 and 1",
+            )
     elif np.issubdtype(np_type, np.floating):
         top = float(np.finfo(np_type).max)
         if lo < -top or hi > top:
-            raise AutocastError(f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
-                                f"holds (|x| <= {top:g})", flag, "give a range within the input's type")
+            raise AutocastError(
+                f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
+                f"holds (|x| <= {top:g})",
+                flag,
+                "give a range within the input's type",
+            )
 
 
 def _shape(spec: InputSpec, dims: dict) -> tuple:
     shape = []
     for k, d in enumerate(spec.dims):
-        if isinstance(d, int) and d >= 0:      # a declared size, 0 included
+        if isinstance(d, int) and d >= 0:  # a declared size, 0 included
             shape.append(d)
         elif isinstance(d, str):
             shape.append(dims[d])
@@ -177,7 +201,7 @@ def _shape(spec: InputSpec, dims: dict) -> tuple:
     return tuple(shape)
 
 
-GENERATED_LIMIT = 2**31   # bytes of generated inputs per batch
+GENERATED_LIMIT = 2**31  # bytes of generated inputs per batch
 
 
 def check_generated_size(plan: InputPlan) -> None:
@@ -188,12 +212,15 @@ def check_generated_size(plan: InputPlan) -> None:
         total += np.prod(shape, dtype=np.float64) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
     if total > GENERATED_LIMIT:
         biggest = max(plan.specs, key=lambda s: np.prod(_shape(s, plan.dims), dtype=np.float64))
-        raise AutocastError(f"generated inputs would take {total / 2**30:.3g} GiB (input '{biggest.name}' has shape "
-                            f"{list(_shape(biggest, plan.dims))})", "--inputs",
-                            "set smaller symbolic dimensions with --dim, or pass your own batches with --inputs")
+        raise AutocastError(
+            f"generated inputs would take {total / 2**30:.3g} GiB (input '{biggest.name}' has shape "
+            f"{list(_shape(biggest, plan.dims))})",
+            "--inputs",
+            "set smaller symbolic dimensions with --dim, or pass your own batches with --inputs",
+        )
 
 
-SEED_LIMIT = 2**32       # numpy seeds: 0 <= seed < 2**32 (the CLI's --seed range)
+SEED_LIMIT = 2**32  # numpy seeds: 0 <= seed < 2**32 (the CLI's --seed range)
 
 
 def generate(plan: InputPlan, seed: int = 0) -> dict:
@@ -234,7 +261,7 @@ def attention_mask(shape: tuple) -> np.ndarray:
         return mask
     rows = mask.reshape(-1, shape[-1])
     if rows.shape[0] >= 2:
-        rows[1, max(1, (2 * shape[-1]) // 3):] = 0
+        rows[1, max(1, (2 * shape[-1]) // 3) :] = 0
     if rows.shape[0] >= 3:
         rows[-1, :] = 0
     return rows.reshape(shape)
@@ -259,21 +286,38 @@ def _check_array(name: str, shape: tuple, dtype: np.dtype, spec: InputSpec, wher
     if dtype.hasobject:
         raise AutocastError(f"{what} is an object array", where, "save plain numeric arrays with numpy.savez")
     if want.kind in "biuf" and dtype.kind not in "biuf":
-        raise AutocastError(f"{what} has dtype {dtype} ({_KIND_NAMES.get(dtype.kind, 'not numbers')}), but input "
-                            f"'{name}' takes {want}", where, f"save it with dtype {want}")
+        raise AutocastError(
+            f"{what} has dtype {dtype} ({_KIND_NAMES.get(dtype.kind, 'not numbers')}), but input '{name}' takes {want}",
+            where,
+            f"save it with dtype {want}",
+        )
     if spec.ranked:
         if len(shape) != len(spec.dims):
-            raise AutocastError(f"{what} has {len(shape)} dimension(s) {list(shape)}, but input '{name}' has "
-                                f"{len(spec.dims)} {_dims_text(spec.dims)}", where, "save it with the input's shape")
+            raise AutocastError(
+                f"{what} has {len(shape)} dimension(s) {list(shape)}, but input '{name}' has "
+                f"{len(spec.dims)} {_dims_text(spec.dims)}",
+                where,
+                "save it with the input's shape",
+            )
         for k, (got, declared) in enumerate(zip(shape, spec.dims)):
             if isinstance(declared, int) and declared > 0 and got != declared:
-                raise AutocastError(f"{what} has shape {list(shape)}, but input '{name}' declares size {declared} "
-                                    f"for dimension {k} {_dims_text(spec.dims)}", where,
-                                    "save it with the input's shape")
+                raise AutocastError(
+                    f"{what} has shape {list(shape)}, but input '{name}' declares size {declared} "
+                    f"for dimension {k} {_dims_text(spec.dims)}",
+                    where,
+                    "save it with the input's shape",
+                )
 
 
-_KIND_NAMES = {"U": "text", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "time spans",
-               "V": "raw or structured records", "O": "Python objects"}
+_KIND_NAMES = {
+    "U": "text",
+    "S": "bytes",
+    "c": "complex numbers",
+    "M": "dates",
+    "m": "time spans",
+    "V": "raw or structured records",
+    "O": "Python objects",
+}
 
 
 def _dims_text(dims) -> str:
@@ -304,9 +348,9 @@ def _npz_headers(f: Path, wanted) -> dict:
                     elif version == (2, 0):
                         shape, _, dtype = npy.read_array_header_2_0(fh)
                     else:
-                        continue      # a newer header: checked when the array is loaded
+                        continue  # a newer header: checked when the array is loaded
                 out[name] = (tuple(shape), np.dtype(dtype))
-    except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise several types for a bad archive
+    except Exception as exc:
         what = f"cannot read array '{name}' of the .npz" if name in wanted else "cannot read .npz"
         raise AutocastError(f"{what}: {' '.join(str(exc).split())}", str(f), "write it with numpy.savez") from None
     return out
@@ -316,8 +360,11 @@ def _check_headers(f: Path, names: dict) -> None:
     headers = _npz_headers(f, names)
     missing = set(names) - set(headers)
     if missing:
-        raise AutocastError(f"missing input(s) {', '.join(sorted(missing))}", str(f),
-                            "the archive needs one array per model input, named like the input")
+        raise AutocastError(
+            f"missing input(s) {', '.join(sorted(missing))}",
+            str(f),
+            "the archive needs one array per model input, named like the input",
+        )
     for name, spec in names.items():
         if headers[name] is not None:
             _check_array(name, *headers[name], spec, str(f))
@@ -341,7 +388,7 @@ def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
         try:
             with np.load(f, allow_pickle=False) as data:
                 batch = {k: data[k] for k in names}
-        except Exception as exc:  # noqa: BLE001 - numpy raises several types for a bad archive
+        except Exception as exc:
             raise AutocastError(f"cannot read .npz: {exc}", str(f), "write it with numpy.savez") from None
         for name, spec in names.items():
             array = batch[name]

@@ -14,10 +14,10 @@ CLASS_NAME = re.compile(r"logit|prob|score|class|pred", re.I)
 
 @dataclass
 class Thresholds:
-    atol: float | None = None          # max |converted - reference|
-    rtol: float | None = 0.01          # max |converted - reference| / max |reference|
+    atol: float | None = None  # max |converted - reference|
+    rtol: float | None = 0.01  # max |converted - reference| / max |reference|
     min_cosine: float | None = 0.999
-    min_top1: float | None = 0.99      # only for outputs that look like class scores
+    min_top1: float | None = 0.99  # only for outputs that look like class scores
 
     def as_dict(self) -> dict:
         return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine, "min_top1": self.min_top1}
@@ -37,7 +37,7 @@ class OutputStats:
     new_nan: int = 0
     new_inf: int = 0
     ref_nonfinite: int = 0
-    class_scores: bool | None = None   # None: decide from the output's name
+    class_scores: bool | None = None  # None: decide from the output's name
     rows: int = 0
     k: int = 0
     top1_agree: int = 0
@@ -80,17 +80,26 @@ class OutputStats:
             self.topk_overlap += sum(len(set(a) & set(b)) / k for a, b in zip(top_r, top_o))
 
     def summary(self) -> dict:
-        cosine = self.dot / np.sqrt(self.norm_ref * self.norm_out) if self.norm_ref > 0 and self.norm_out > 0 else (
-            1.0 if self.norm_ref == self.norm_out else 0.0)
+        cosine = (
+            self.dot / np.sqrt(self.norm_ref * self.norm_out)
+            if self.norm_ref > 0 and self.norm_out > 0
+            else (1.0 if self.norm_ref == self.norm_out else 0.0)
+        )
         out = {
-            "name": self.name, "shape": self.shape, "elements": self.elements,
+            "name": self.name,
+            "shape": self.shape,
+            "elements": self.elements,
             "max_abs_error": self.max_abs,
             "mean_abs_error": self.sum_abs / self.elements if self.elements else 0.0,
             "max_abs_reference": self.max_ref,
             "relative_error": self.max_abs / self.max_ref if self.max_ref > 0 else self.max_abs,
             "cosine": float(cosine),
-            "new_nan": self.new_nan, "new_inf": self.new_inf, "reference_nonfinite": self.ref_nonfinite,
-            "top1": None, "topk": None, "k": None,
+            "new_nan": self.new_nan,
+            "new_inf": self.new_inf,
+            "reference_nonfinite": self.ref_nonfinite,
+            "top1": None,
+            "topk": None,
+            "k": None,
         }
         if self.class_scores and self.rows:
             out["top1"] = self.top1_agree / self.rows

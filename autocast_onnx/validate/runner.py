@@ -26,8 +26,11 @@ def resolve_device(requested: str) -> tuple[str, str | None]:
     has_cuda = "CUDAExecutionProvider" in rt.get_available_providers()
     if requested == "cuda":
         if not has_cuda:
-            raise AutocastError("--device cuda: ONNX Runtime has no CUDA execution provider here", None,
-                                'install onnxruntime-gpu ("autocast-onnx[gpu]") on a machine with an NVIDIA GPU')
+            raise AutocastError(
+                "--device cuda: ONNX Runtime has no CUDA execution provider here",
+                None,
+                'install onnxruntime-gpu ("autocast-onnx[gpu]") on a machine with an NVIDIA GPU',
+            )
         return "cuda", None
     if requested == "cpu":
         return "cpu", None
@@ -48,13 +51,24 @@ def session(model_bytes: bytes | str, device: str, optimize: bool = True):
         return rt.InferenceSession(model_bytes, options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types for unsupported models
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AutocastError(f"ONNX Runtime cannot load the model: {first[:300]}", None,
-                            "check that the model runs in ONNX Runtime on its own") from None
+        raise AutocastError(
+            f"ONNX Runtime cannot load the model: {first[:300]}",
+            None,
+            "check that the model runs in ONNX Runtime on its own",
+        ) from None
 
 
-_NUMPY_OF = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-             "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
-             "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+_NUMPY_OF = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
 
 
 def feeds_for(sess, feeds: dict) -> dict:
@@ -72,8 +86,11 @@ def run(sess, feeds: dict) -> list[np.ndarray]:
         return sess.run(None, feeds)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AutocastError(f"ONNX Runtime failed to run the model: {first[:300]}", None,
-                            "check the input shapes (--dim) and values (--input-range)") from None
+        raise AutocastError(
+            f"ONNX Runtime failed to run the model: {first[:300]}",
+            None,
+            "check the input shapes (--dim) and values (--input-range)",
+        ) from None
 
 
 def latency(sess, feeds: dict, device: str, iterations: int, warmup: int) -> dict:
@@ -90,8 +107,10 @@ def latency(sess, feeds: dict, device: str, iterations: int, warmup: int) -> dic
             sess.run_with_iobinding(binding)
             binding.synchronize_outputs()
     else:
+
         def once():
             sess.run(None, feeds)
+
     for _ in range(warmup):
         once()
     times = []
@@ -100,6 +119,11 @@ def latency(sess, feeds: dict, device: str, iterations: int, warmup: int) -> dic
         once()
         times.append(time.perf_counter() - t)
     arr = np.array(times)
-    return {"iterations": iterations, "warmup": warmup, "p50_ms": float(np.percentile(arr, 50) * 1e3),
-            "p90_ms": float(np.percentile(arr, 90) * 1e3), "min_ms": float(arr.min() * 1e3),
-            "mean_ms": float(arr.mean() * 1e3)}
+    return {
+        "iterations": iterations,
+        "warmup": warmup,
+        "p50_ms": float(np.percentile(arr, 50) * 1e3),
+        "p90_ms": float(np.percentile(arr, 90) * 1e3),
+        "min_ms": float(arr.min() * 1e3),
+        "mean_ms": float(arr.mean() * 1e3),
+    }

@@ -22,8 +22,14 @@ from . import runner
 from .emulate import emulation_model
 from .metrics import OutputStats, Thresholds, verdict
 
-TARGET_KEYS = {"atol": "atol", "rtol": "rtol", "cosine": "min_cosine", "min_cosine": "min_cosine",
-               "top1": "min_top1", "min_top1": "min_top1"}
+TARGET_KEYS = {
+    "atol": "atol",
+    "rtol": "rtol",
+    "cosine": "min_cosine",
+    "min_cosine": "min_cosine",
+    "top1": "min_top1",
+    "min_top1": "min_top1",
+}
 
 
 def parse_target(items) -> Thresholds:
@@ -36,8 +42,9 @@ def parse_target(items) -> Thresholds:
         key, _, value = part.partition("=")
         key = key.strip().lower().replace("-", "_")
         if key not in TARGET_KEYS or not value:
-            raise AutocastError(f"bad --target entry {part!r}", "--target",
-                                "use atol=, rtol=, cosine= or top1= with a number")
+            raise AutocastError(
+                f"bad --target entry {part!r}", "--target", "use atol=, rtol=, cosine= or top1= with a number"
+            )
         try:
             setattr(found, TARGET_KEYS[key], float(value))
         except ValueError:
@@ -73,7 +80,7 @@ class _Evaluator:
                 s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o)
         failures = []
         for s in stats:
-            ok, why = verdict(s.summary(), self.target)
+            _, why = verdict(s.summary(), self.target)
             failures += [f"{s.name}: {w}" for w in why]
         return not failures, failures
 
@@ -81,19 +88,26 @@ class _Evaluator:
 def _np(ort_type: str):
     import numpy as np
 
-    return {"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64,
-            "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_,
-            "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}.get(ort_type, np.float32)
+    return {
+        "tensor(float16)": np.float16,
+        "tensor(float)": np.float32,
+        "tensor(double)": np.float64,
+        "tensor(int64)": np.int64,
+        "tensor(int32)": np.int32,
+        "tensor(bool)": np.bool_,
+        "tensor(int8)": np.int8,
+        "tensor(uint8)": np.uint8,
+    }.get(ort_type, np.float32)
 
 
 def _forced_low(entry) -> bool:
     """The user forced this node low (--include-node or a node rule): the search leaves it be."""
-    return any(r.code == "cli-include" or (r.code == "node-rule" and "forces low" in r.message)
-               for r in entry.reasons)
+    return any(r.code == "cli-include" or (r.code == "node-rule" and "forces low" in r.message) for r in entry.reasons)
 
 
-def search(model: onnx.ModelProto, batches, convert_options: dict, target: Thresholds, device: str = "cpu",
-           progress=None) -> tuple[dict, dict]:
+def search(
+    model: onnx.ModelProto, batches, convert_options: dict, target: Thresholds, device: str = "cpu", progress=None
+) -> tuple[dict, dict]:
     """(node id -> Reason for the nodes to keep fp32, a log of the search)."""
     ev = _Evaluator(model, batches, convert_options, target, device)
     first = ev.convert({})
@@ -109,14 +123,21 @@ def search(model: onnx.ModelProto, batches, convert_options: dict, target: Thres
         return {}, log
 
     def forced(ids):
-        return {i: Reason("accuracy-search", "kept fp32 by the --target search: with it in low precision the "
-                          "targets fail on the given inputs") for i in ids}
+        return {
+            i: Reason(
+                "accuracy-search",
+                "kept fp32 by the --target search: with it in low precision the targets fail on the given inputs",
+            )
+            for i in ids
+        }
 
     ok_all, failures_all = ev.passes(forced(order))
     if not ok_all:
-        raise AutocastError("the --target cannot be met even with every low-precision node kept fp32: "
-                            + "; ".join(failures_all[:3]), "--target",
-                            "loosen the target, or check the inputs (the fp32 model is the reference)")
+        raise AutocastError(
+            "the --target cannot be met even with every low-precision node kept fp32: " + "; ".join(failures_all[:3]),
+            "--target",
+            "loosen the target, or check the inputs (the fp32 model is the reference)",
+        )
     kept: list[int] = []
     remaining = list(order)
     bar = progress("searching", len(order)) if progress else None
@@ -124,7 +145,7 @@ def search(model: onnx.ModelProto, batches, convert_options: dict, target: Thres
         ok, _ = ev.passes(forced(kept))
         if ok:
             break
-        lo, hi = 1, len(remaining)          # S + remaining[:hi] passes; find the smallest such prefix
+        lo, hi = 1, len(remaining)  # S + remaining[:hi] passes; find the smallest such prefix
         while lo < hi:
             mid = (lo + hi) // 2
             if ev.passes(forced(kept + remaining[:mid]))[0]:
