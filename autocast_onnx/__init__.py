@@ -6,9 +6,24 @@ result.model   # the converted onnx.ModelProto
 result.plan    # the PrecisionPlan: every node's precision and the reasons for it
 """
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 from .errors import AutocastError
-from .pipeline import ConversionResult, convert, convert_file
+from .gate import CheckResult, check
+from .options import PlanOptions
+from .pipeline import ConversionResult, DataPlanning, convert, convert_file, plan_on_data
 from .plan import PrecisionPlan
 
-__version__ = "0.1.0"
-__all__ = ["AutocastError", "ConversionResult", "PrecisionPlan", "__version__", "convert", "convert_file"]
+__all__ = [
+    "AutocastError",
+    "CheckResult",
+    "ConversionResult",
+    "DataPlanning",
+    "PlanOptions",
+    "PrecisionPlan",
+    "__version__",
+    "check",
+    "convert",
+    "convert_file",
+    "plan_on_data",
+]

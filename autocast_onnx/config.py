@@ -49,6 +49,7 @@ def find_config(start: Path | None = None) -> tuple[Path, bool] | None:
 
 def load_settings(start: Path | None = None, config: Path | None = None) -> tuple[dict, str | None]:
     """(settings, the file they came from). Keys are normalized to underscores."""
+    found: tuple[Path, bool] | None
     if config is not None:
         config = Path(config)
         if not config.is_file():

@@ -12,14 +12,14 @@ from onnx import TensorProto
 FLOAT = TensorProto.FLOAT
 FLOAT16 = TensorProto.FLOAT16
 BFLOAT16 = TensorProto.BFLOAT16
-MIXABLE = frozenset({FLOAT, FLOAT16, BFLOAT16})
+MIXABLE: frozenset[int] = frozenset({FLOAT, FLOAT16, BFLOAT16})
 
-PRECISION_OF = {"fp32": FLOAT, "fp16": FLOAT16, "bf16": BFLOAT16}
-NAME_OF = {FLOAT: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16"}
-TYPE_STR = {FLOAT: "tensor(float)", FLOAT16: "tensor(float16)", BFLOAT16: "tensor(bfloat16)"}
+PRECISION_OF: dict[str, int] = {"fp32": FLOAT, "fp16": FLOAT16, "bf16": BFLOAT16}
+NAME_OF: dict[int, str] = {FLOAT: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16"}
+TYPE_STR: dict[int, str] = {FLOAT: "tensor(float)", FLOAT16: "tensor(float16)", BFLOAT16: "tensor(bfloat16)"}
 
 # Largest finite value and smallest positive subnormal of each low-precision type.
-LIMITS = {
+LIMITS: dict[int, tuple[float, float]] = {
     FLOAT16: (65504.0, 2.0**-24),
     BFLOAT16: (3.3895313892515355e38, 2.0**-133),
 }

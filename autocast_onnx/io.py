@@ -21,13 +21,14 @@ import tempfile
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final, Literal
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from .errors import AutocastError
+from .errors import AutocastError, InternalCheckError
 
 PROTOBUF_LIMIT = 2**31 - 1
 # Initializers at least this large go to the external data file when one is written.
@@ -175,9 +176,11 @@ def tensor_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
         if tensor.data_type == onnx.TensorProto.BFLOAT16:
             return np.frombuffer(tensor_bytes(tensor, None), dtype="<u2").reshape(tuple(tensor.dims))
         return numpy_helper.to_array(tensor)
-    dtype = {onnx.TensorProto.BFLOAT16: "<u2"}.get(tensor.data_type) or np.dtype(
-        onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    ).newbyteorder("<")
+    dtype: str | np.dtype = (
+        "<u2"
+        if tensor.data_type == onnx.TensorProto.BFLOAT16
+        else np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    )
     return np.frombuffer(tensor_bytes(tensor, base_dir), dtype=dtype).reshape(tuple(tensor.dims))
 
 
@@ -192,7 +195,7 @@ def _all_tensors_for_external(graph: onnx.GraphProto):
                     yield from _all_tensors_for_external(sub)
 
 
-STDOUT = "-"
+STDOUT: Final = "-"
 
 
 def is_stdout(path) -> bool:
@@ -272,7 +275,7 @@ def goes_to_stdout(path) -> bool:
 def _protected_files(inputs, model_inputs, outputs) -> list[tuple[Path, str]]:
     """(file, why) for every file a command reads: the inputs, the files inside input folders,
     and the external data files of the input models that lie where an output is written."""
-    found = []
+    found: list[tuple[Path, str]] = []
     for item in inputs:
         if item is None or is_stdout(item):
             continue
@@ -320,7 +323,8 @@ def check_outputs(
     count; several outputs on the null device are allowed), two outputs on stdout, an output that
     is an input, an output in a folder that does not exist, and a directory, block device or
     socket given as an output."""
-    entries: list[tuple[str, Path | str, str | None]] = []  # (flag, path or STDOUT, model flag of a data file)
+    # (flag, path or STDOUT, model flag of a data file)
+    entries: list[tuple[str, Path | Literal["-"], str | None]] = []
     for flag, path in outputs:
         if path is None:
             continue
@@ -349,9 +353,9 @@ def check_outputs(
         if flag in models and kind == "file":
             entries.append((flag, path.with_name(path.name + ".data"), flag))
 
-    protected = _protected_files(inputs, model_inputs, [path for _, path, _ in entries if path is not STDOUT])
+    protected = _protected_files(inputs, model_inputs, [path for _, path, _ in entries if path != STDOUT])
     for flag, path, data_of in entries:
-        if path is STDOUT:
+        if path == STDOUT:
             continue
         for item, why in protected:
             if _same_file(path, item):
@@ -369,16 +373,18 @@ def check_outputs(
 
     for k, (flag, path, data_of) in enumerate(entries):
         for other, other_path, other_data_of in entries[:k]:
-            if path is STDOUT and other_path is STDOUT:
+            if path == STDOUT and other_path == STDOUT:
                 raise AutocastError(
                     f"{other} and {flag} both write to stdout ('-')", STDOUT, "send at most one output to stdout"
                 )
-            if path is STDOUT or other_path is STDOUT:
-                file_flag, file_path = (other, other_path) if path is STDOUT else (flag, path)
+            if path == STDOUT or other_path == STDOUT:
+                file_flag, file_path = (other, other_path) if path == STDOUT else (flag, path)
+                if file_path == STDOUT:  # cannot be: two outputs on stdout are refused just above
+                    raise InternalCheckError("two outputs on stdout passed the check")
                 if _stdout_is(file_path) and not _is_null_device(file_path):
                     raise AutocastError(
                         f"{file_flag} names the file stdout goes to, where "
-                        f"{flag if path is STDOUT else other} writes too",
+                        f"{flag if path == STDOUT else other} writes too",
                         str(file_path),
                         "give each output its own path",
                     )
@@ -520,6 +526,8 @@ def save_model(
                 for tensor in _all_tensors_for_external(model.graph):
                     if is_external(tensor):
                         # still on disk in the source: copy it across in chunks, never whole
+                        if source_dir is None:
+                            raise _no_source_dir(tensor)
                         source, src_offset, length, _ = external_location(tensor, source_dir, str(in_path))
                         pad = (-offset) % 64
                         fh.write(b"\0" * pad)
@@ -563,6 +571,8 @@ def save_model(
         if not external_data:
             for tensor in _all_tensors_for_external(model.graph):
                 if is_external(tensor):
+                    if source_dir is None:
+                        raise _no_source_dir(tensor)
                     raw = read_external(tensor, source_dir, str(in_path))
                     moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
                     del tensor.external_data[:]
@@ -603,6 +613,14 @@ def save_model(
                 tmp.unlink()
         for tensor, original in moved:
             _restore(tensor, original)
+
+
+def _no_source_dir(tensor: onnx.TensorProto) -> AutocastError:
+    return AutocastError(
+        f"initializer '{tensor.name}' uses external data but no source_dir was given",
+        None,
+        "pass source_dir, the folder of the model it was loaded from",
+    )
 
 
 def _umask() -> int:
@@ -659,7 +677,7 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.HasField("raw_data"):
         return len(tensor.raw_data)
     count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-    itemsize = {
+    itemsizes: dict[int, int] = {
         onnx.TensorProto.FLOAT16: 2,
         onnx.TensorProto.BFLOAT16: 2,
         onnx.TensorProto.DOUBLE: 8,
@@ -670,7 +688,8 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
         onnx.TensorProto.BOOL: 1,
         onnx.TensorProto.INT16: 2,
         onnx.TensorProto.UINT16: 2,
-    }.get(tensor.data_type, 4)
+    }
+    itemsize = itemsizes.get(tensor.data_type, 4)
     return count * itemsize
 
 

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from ..errors import AutocastError
+from ..errors import AutocastError, InternalCheckError
 
 CATEGORIES = ("low_precision", "follow", "keep_fp32", "clear", "non_float")
 TOP_KEYS = {"settings", "thresholds", "ops", "pins", "nodes"}
@@ -78,6 +80,8 @@ class NodeRule:
             return False
         if self.name is not None:
             return node_name == self.name
+        if self.pattern is None:
+            raise InternalCheckError("a node rule has neither 'name' nor 'match'")
         return self.pattern.search(node_name) is not None
 
 
@@ -110,7 +114,7 @@ def default_rules_path() -> Path:
     return Path(str(resources.files("autocast_onnx._rules") / "default.toml"))
 
 
-def load_rules(user_files: list[str | Path] = (), *, include_default: bool = True) -> RuleSet:
+def load_rules(user_files: Sequence[str | Path] = (), *, include_default: bool = True) -> RuleSet:
     """Load the default profile and then each user file in order, later ones overriding."""
     rules = RuleSet()
     paths = ([default_rules_path()] if include_default else []) + [Path(p) for p in user_files]
@@ -164,14 +168,14 @@ def _merge(rules: RuleSet, path: Path) -> None:
         raise AutocastError("rule file is not UTF-8 text", where, "save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
-        line = re.search(r"line (\d+)", msg)
+        at = re.search(r"line (\d+)", msg)
         raise AutocastError(
-            f"invalid TOML: {msg}", f"{where}:{line.group(1)}" if line else where, "fix the syntax"
+            f"invalid TOML: {msg}", f"{where}:{at.group(1)}" if at else where, "fix the syntax"
         ) from None
     lines = _Lines(text)
     rules.files.append(where)
 
-    def fail(what: str, line: int, hint: str) -> None:
+    def fail(what: str, line: int, hint: str) -> NoReturn:
         raise AutocastError(what, f"{where}:{line}", hint)
 
     for key in data:

@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, TensorProto
 
-from ..errors import AutocastError
+from ..errors import AutocastError, InternalCheckError
 from . import signatures
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Node:
         self.domain = domain
         self.inputs = input_names  # replaced by list[Value | None] once resolved
         self.outputs = output_names  # replaced by list[Value | None]
-        self.subscopes = ()
+        self.subscopes: tuple[Scope, ...] = ()
         self._name = None
 
     @property
@@ -117,7 +117,7 @@ class Scope:
         self.nodes = []
         self.inputs = []
         self.outputs = []
-        self.order = None
+        self.order: list[Node] | None = None  # set by GraphIndex._order_and_type_all
         self.sorted = True
         self.value_info = {}
         self.typed = False
@@ -210,7 +210,7 @@ class GraphIndex:
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names = fields[pos]
             node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
-            out_values = []
+            out_values: list[Value | None] = []
             port = 0
             for name in output_names:
                 if not name:
@@ -236,7 +236,7 @@ class GraphIndex:
         values, parent = scope.values, scope.parent
         has_subgraphs = False
         for node in scope.nodes:
-            in_values = []
+            in_values: list[Value | None] = []
             port = 0
             pos = node.pos
             for name in node.inputs:
@@ -264,7 +264,7 @@ class GraphIndex:
                 has_subgraphs = has_subgraphs or bool(node.subscopes)
         return has_subgraphs
 
-    def _build_subscopes(self, scope: Scope, node: Node) -> tuple:
+    def _build_subscopes(self, scope: Scope, node: Node) -> tuple[Scope, ...]:
         subs = []
         for attr in node.proto.attribute:
             if attr.type == AttributeProto.GRAPH:
@@ -366,7 +366,7 @@ class GraphIndex:
     def _toposort(self, scope: Scope, deps) -> list:
         nodes = scope.nodes
         indeg = [0] * len(nodes)
-        succ = [[] for _ in nodes]
+        succ: list[list[int]] = [[] for _ in nodes]
 
         def preds(node):
             for value in node.inputs:
@@ -404,6 +404,8 @@ class GraphIndex:
         if scope.typed:
             return
         declared = scope.value_info
+        if scope.order is None:
+            raise InternalCheckError(f"scope {scope.path} is typed before it is ordered")
         for node in scope.order:
             for sub in node.subscopes:
                 self._infer_types(sub)
@@ -479,7 +481,8 @@ def _find_cycle(stuck: list, preds) -> list:
     shown). Every such node has a predecessor that is also stuck, so walking predecessors from any
     of them must come back to a node already seen."""
     stuck_ids = {id(n) for n in stuck}
-    path, seen_at = [], {}
+    path: list[Node] = []
+    seen_at: dict[int, int] = {}
     node = stuck[0]
     while id(node) not in seen_at:
         seen_at[id(node)] = len(path)

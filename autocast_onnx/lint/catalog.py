@@ -49,9 +49,9 @@ def load_checks(path: str | None = None) -> tuple[Check, ...]:
     """All checks, in file order; raises AutocastError naming file:line for a bad entry."""
     from .checks import KINDS
 
-    path = Path(path) if path else lint_rules_path()
-    where = "rules/lint.toml" if path == lint_rules_path() else str(path)
-    text = path.read_text(encoding="utf-8")
+    file = Path(path) if path else lint_rules_path()
+    where = "rules/lint.toml" if file == lint_rules_path() else str(file)
+    text = file.read_text(encoding="utf-8")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

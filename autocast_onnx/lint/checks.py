@@ -62,8 +62,8 @@ class LintContext:
             from ..catalog import load_rules
 
             load_rules(self.rules)  # a broken rule file is the user's error, reported now
-        self._plan = None
-        self._patterns = None
+        self._plan: list[str] | None = None  # Precision per node id (a str enum), once computed
+        self._patterns: list[dict] | None = None
 
     # ---- node facts ----------------------------------------------------------------------
     @staticmethod

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report
-from ..errors import AutocastError
+from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, Value, signatures
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from .model import Reason
@@ -21,7 +22,7 @@ from .vocab import Category, PortRole, Precision, Seed
 log = logging.getLogger(__name__)
 
 # Inputs whose type never matters to the op (only shape or value passes through a cast).
-ANY_INPUTS = {
+ANY_INPUTS: dict[tuple[str, str], set[int] | None] = {
     ("", "Shape"): None,
     ("", "Size"): None,
     ("", "Cast"): {0},
@@ -152,6 +153,8 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
         Cast(to=FLOAT)(h16)          -> roles "a" out "p"   (the author's cast back may be retargeted)
         If(cond)                     -> roles "x" out "o"   (control flow keeps its types)"""
     target_type = target.elem_type
+    if target_type is None:
+        raise InternalCheckError(f"classify: target {target} has no element type")
     templates: dict = {}
     planned = []
     categories, seeds, reasons = result.categories, result.seeds, result.reasons
@@ -331,6 +334,8 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
             if value is not None and ri[i] == _FOLLOW and value.dtype == FLOAT and is_constant(value):
                 pending.append((node, value))
     target_type = target.elem_type
+    if target_type is None:
+        raise InternalCheckError(f"classify: target {target} has no element type")
     verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds)
     count = 0
     for node, value in pending:
@@ -382,14 +387,17 @@ def _propagate_range_through_clear_ops(
         if verdict is not None and verdict[0] == "data-range":
             work.append((value, value, verdict, None))
     # constants that go straight into a control-flow node never reach the data rules above
-    direct = {}
+    direct: dict[int, Value] = {}
     for node in index.nodes:
         if node.subscopes and node.op in ("Loop", "Scan"):
             for value in node.inputs:
                 if value is not None and value.dtype == FLOAT and is_constant(value):
                     direct[id(value)] = value
     if direct:
-        for vid, verdict in _check_constants(direct.values(), target.elem_type, thresholds).items():
+        target_type = target.elem_type
+        if target_type is None:
+            raise InternalCheckError(f"classify: target {target} has no element type")
+        for vid, verdict in _check_constants(direct.values(), target_type, thresholds).items():
             if verdict[0] == "data-range":
                 work.append((direct[vid], direct[vid], verdict, None))
     categories, seeds = result.categories, result.seeds
@@ -490,7 +498,7 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
     pin = rules.pins.get((domain, op))
     pins_in = pin.inputs if pin else ()
     pins_out = pin.outputs if pin else ()
-    any_in = ANY_INPUTS.get((domain, op), False)
+    any_in: set[int] | Literal[False] | None = ANY_INPUTS.get((domain, op), False)
 
     def role(param, pinned) -> PortRole:
         if pinned:
@@ -585,7 +593,8 @@ def chunked(sizes, limit: int = CHUNK_BYTES):
     """Group consecutive indices of `sizes` (byte counts, or byte strings) into runs of at most
     `limit` bytes (one item may be larger), so vectorised passes over many tensors need bounded
     extra memory."""
-    group, total = [], 0
+    group: list[int] = []
+    total = 0
     for k, item in enumerate(sizes):
         n = item if isinstance(item, int) else len(item)
         if group and total + n > limit:

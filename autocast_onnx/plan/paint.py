@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 
 from ..dtypes import FLOAT, dtype_name
+from ..errors import InternalCheckError
 from ..graph import GraphIndex
 from .classify import Classification
 from .model import NodePlan, PlanWarning, PrecisionPlan, Reason
@@ -70,7 +71,10 @@ def paint(
     """The precision plan of `index` from its classification (see the module docstring)."""
     target = Precision.target(target)
     n = len(index.nodes)
-    state = _State(index.nodes, classification, target.elem_type, [_NONE] * n, [None] * n)
+    target_type = target.elem_type
+    if target_type is None:
+        raise InternalCheckError(f"paint: target {target} has no element type")
+    state = _State(index.nodes, classification, target_type, [_NONE] * n, [None] * n)
     _seed(state)
     _propagate_fp32_taint(state)
     _propagate_low(state)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from ..dtypes import FLOAT, MIXABLE
-from ..errors import AutocastError
+from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, signatures
 from .model import PLAN_VERSION, NodePlan, PlanWarning, PrecisionPlan, Reason
 from .vocab import Category, PortRole, Precision
@@ -42,7 +42,7 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
             "re-create the plan with convert --plan-out",
         )
     try:
-        target = Precision.target(data.get("target"))
+        target = Precision.target(data.get("target", ""))
     except ValueError:
         raise AutocastError(f'"target" must be fp16 or bf16, not {data.get("target")!r}', where, _HINT) from None
     if not isinstance(data.get("keep_io_types"), bool):
@@ -205,7 +205,10 @@ def _check_entry(plan: PrecisionPlan, entry: NodePlan, node, index: GraphIndex, 
             "set its precision to unchanged",
         )
     if precision.is_low:
-        blocked = _ports_without_type(node, entry, index, plan.target.elem_type)
+        target_type = plan.target.elem_type
+        if target_type is None:
+            raise InternalCheckError(f"plan target {plan.target} has no element type")
+        blocked = _ports_without_type(node, entry, index, target_type)
         if blocked:
             raise AutocastError(
                 f"{who} cannot compute in {precision}: its schema allows no {precision} at {', '.join(blocked)}",

@@ -54,8 +54,8 @@ class Precision(_Code):
         return precision
 
 
-_ELEM_TYPE = {"fp16": FLOAT16, "bf16": BFLOAT16, "fp32": FLOAT}
-PRECISION_OF_TYPE = {FLOAT16: Precision.FP16, BFLOAT16: Precision.BF16, FLOAT: Precision.FP32}
+_ELEM_TYPE: dict[str, int] = {"fp16": FLOAT16, "bf16": BFLOAT16, "fp32": FLOAT}
+PRECISION_OF_TYPE: dict[int, Precision] = {FLOAT16: Precision.FP16, BFLOAT16: Precision.BF16, FLOAT: Precision.FP32}
 
 
 class Category(_Code):

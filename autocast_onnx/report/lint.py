@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 from .. import __version__
 from ..diagnostics import SEVERITIES
@@ -93,15 +94,15 @@ def sarif_dict(diagnostics) -> dict:
         }
         for c in checks
     ]
-    artifacts = []
-    seen = {}
+    artifacts: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
     results = []
     for d in diagnostics:
         uri = d.model or "model.onnx"
         if uri not in seen:
             seen[uri] = len(artifacts)
             artifacts.append({"location": {"uri": uri}})
-        location = {"physicalLocation": {"artifactLocation": {"uri": uri, "index": seen[uri]}}}
+        location: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": uri, "index": seen[uri]}}}
         if d.node is not None:
             location["logicalLocations"] = [
                 {"name": d.node, "fullyQualifiedName": f"{d.graph}::{d.node}", "kind": "object"}

@@ -5,6 +5,7 @@ edits graphs; validation's emulation model is built with these helpers too."""
 
 from __future__ import annotations
 
+from ..errors import InternalCheckError
 from ..graph import GraphIndex
 
 
@@ -12,16 +13,16 @@ class Names:
     """Collision-free, deterministic names for new tensors and nodes."""
 
     def __init__(self, index: GraphIndex):
-        self.tensors = set()
+        self.tensors: set[str] = set()
         for scope in index.scopes:
             self.tensors.update(scope.values)
             for vi in scope.graph.output:
                 self.tensors.add(vi.name)
         self._index = index
-        self._nodes = None
+        self._nodes: set[str] | None = None
 
     @staticmethod
-    def _fresh(base: str, taken: set) -> str:
+    def _fresh(base: str, taken: set[str]) -> str:
         name = base
         k = 1
         while name in taken:
@@ -73,6 +74,8 @@ def write_nodes(index: GraphIndex, head: dict, after: dict, skip_unchanged: bool
         if not scope.sorted:
             resorted.append(scope.path)
         ordered = list(first)
+        if scope.order is None:
+            raise InternalCheckError(f"scope {scope.path} was never ordered")
         for node in scope.order:
             ordered.append(node.proto)
             ordered.extend(after.get(node.id, ()))

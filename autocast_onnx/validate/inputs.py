@@ -179,11 +179,11 @@ def _check_range(spec: InputSpec, lo: float, hi: float) -> None:
                 "HI is exclusive: e.g. 0:2 gives 0 and 1",
             )
     elif np.issubdtype(np_type, np.floating):
-        top = float(np.finfo(np_type).max)
-        if lo < -top or hi > top:
+        largest = float(np.finfo(np_type).max)
+        if lo < -largest or hi > largest:
             raise AutocastError(
                 f"{flag} {spec.name}={lo:g}:{hi:g} is outside what {np_type} input '{spec.name}' "
-                f"holds (|x| <= {top:g})",
+                f"holds (|x| <= {largest:g})",
                 flag,
                 "give a range within the input's type",
             )
@@ -206,7 +206,7 @@ GENERATED_LIMIT = 2**31  # bytes of generated inputs per batch
 
 def check_generated_size(plan: InputPlan) -> None:
     """Refuse generated inputs of more than GENERATED_LIMIT bytes per batch, before allocating."""
-    total = 0
+    total: float = 0
     for spec in plan.specs:
         shape = _shape(spec, plan.dims)
         total += np.prod(shape, dtype=np.float64) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
@@ -324,7 +324,7 @@ def _dims_text(dims) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
-def _npz_headers(f: Path, wanted) -> dict:
+def _npz_headers(f: Path, wanted) -> dict[str, tuple[tuple[int, ...], np.dtype] | None]:
     """name -> (shape, dtype) of the arrays of an .npz, from the .npy headers of the `wanted`
     arrays (no data is read; None when the header format is newer than this reader knows); other
     members are listed with None."""
@@ -332,7 +332,7 @@ def _npz_headers(f: Path, wanted) -> dict:
 
     if not zipfile.is_zipfile(f):
         raise AutocastError("not an .npz archive", str(f), "write it with numpy.savez")
-    out = {}
+    out: dict[str, tuple[tuple[int, ...], np.dtype] | None] = {}
     name = None
     try:
         with zipfile.ZipFile(f) as archive:
@@ -366,8 +366,9 @@ def _check_headers(f: Path, names: dict) -> None:
             "the archive needs one array per model input, named like the input",
         )
     for name, spec in names.items():
-        if headers[name] is not None:
-            _check_array(name, *headers[name], spec, str(f))
+        header = headers[name]
+        if header is not None:
+            _check_array(name, *header, spec, str(f))
 
 
 def check_batches(path: str | Path, specs: list[InputSpec]) -> None:

@@ -12,6 +12,8 @@ nodes of If/Loop/Scan bodies, in the order they run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 
 from ..errors import AutocastError
@@ -115,7 +117,13 @@ def search(
     low = {p.id for p in first.plan.nodes if p.precision in ("fp16", "bf16") and not _forced_low(p)}
     order = [n.id for n in global_order(index) if n.id in low]
     labels = {n.id: n.label for n in index.nodes}
-    log = {"candidates": len(order), "evaluations": 0, "kept": [], "initial_failures": [], "passed": True}
+    log: dict[str, Any] = {
+        "candidates": len(order),
+        "evaluations": 0,
+        "kept": [],
+        "initial_failures": [],
+        "passed": True,
+    }
     ok, failures = ev.passes({})
     log["initial_failures"] = failures
     if ok:
