@@ -60,7 +60,7 @@ class PlanOptions:
     def convert_kwargs(self) -> dict:
         """The keyword arguments of `autocast_onnx.convert` these options stand for."""
         return {
-            "precision": self.precision.value,
+            "precision": self.precision,
             "rules": list(self.rules),
             "keep_io_types": self.keep_io_types,
             "exclude_ops": list(self.exclude_ops),

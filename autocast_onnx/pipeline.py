@@ -89,7 +89,7 @@ def _initializer_bytes(index) -> int:
 def convert(
     model: onnx.ModelProto | str | os.PathLike,
     *,
-    precision: str | None = None,
+    precision: Precision | str | None = None,
     rules=(),
     keep_io_types: bool | None = None,
     exclude_ops=(),
