@@ -151,13 +151,14 @@ def _insert_casts(edit: _Edit) -> None:
         graph output y produced in fp16       becomes   y_fp16 = Op(...); y = Cast(y_fp16, to=FLOAT)"""
     index, plan, new_type = edit.index, edit.plan, edit.new_type
     keep_io = plan.keep_io_types
+    roles_in, node_type = plan.roles_in, edit.node_type
     for scope in index.scopes:
         for value in scope.values.values():
             dt = value.dtype
             if dt not in MIXABLE:
                 continue
             have = new_type.get(value, dt)
-            wanted = _wanted_types(edit, value, have)
+            wanted = _wanted_types(roles_in, node_type, value, have) if value.consumers else {}
             out_need = None
             if value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
                 out_need = value.dtype
@@ -186,10 +187,10 @@ def _insert_casts(edit: _Edit) -> None:
                     consumer.proto.input[port] = cast_out
 
 
-def _wanted_types(edit: _Edit, value, have: int) -> dict:
+def _wanted_types(roles_in: list, node_type: list, value, have: int) -> dict:
     """type -> the (consumer, port) pairs that need `value` in a type other than `have`."""
     wanted: dict = {}
-    roles_in, node_type, dt = edit.plan.roles_in, edit.node_type, value.dtype
+    dt = value.dtype
     for consumer, port in value.consumers:
         need = required_type(roles_in[consumer.id][port], node_type[consumer.id], dt)
         if need is None or need == have:
