@@ -44,13 +44,14 @@ DTYPE_ATTR_OPS = {
     "Constant",
 }
 
+_CONTROL, _KEEP = Category.CONTROL_FLOW.value, Category.KEEP_FP32.value
 _FOLLOW, _FP32, _NONE, _UNKNOWN, _ANY, _OWN = (
-    PortRole.FOLLOW,
-    PortRole.FP32,
-    PortRole.NONE,
-    PortRole.UNKNOWN,
-    PortRole.ANY,
-    PortRole.OWN,
+    PortRole.FOLLOW.value,
+    PortRole.FP32.value,
+    PortRole.NONE.value,
+    PortRole.UNKNOWN.value,
+    PortRole.ANY.value,
+    PortRole.OWN.value,
 )
 # categories whose nodes read constants in the plan's precision (the data rules look at those)
 _ARITHMETIC = Category.LOW_PRECISION + Category.FOLLOW + Category.CLEAR
@@ -62,7 +63,7 @@ class Classification:
     """What classification says of every node, in arrays indexed by node id. Painting reads it;
     the plan carries the port roles on to the rewrite."""
 
-    categories: list  # Category per node
+    categories: list  # Category code per node (plain str: the hot loops compare codes)
     roles_in: list  # per node: a string of PortRole codes, one per input
     roles_out: list  # per node: a string of PortRole codes, one per output
     seeds: list  # per node: a Seed, or None when nothing fixed its paint
@@ -133,13 +134,14 @@ def _assign_categories(index: GraphIndex, rules: RuleSet, result: Classification
     categories, reasons = result.categories, result.reasons
     for node in index.nodes:
         if node.subscopes:
-            categories[node.id] = Category.CONTROL_FLOW
+            categories[node.id] = _CONTROL
             reasons[node.id] = [control_reason]
             continue
         domain = "" if node.domain == "ai.onnx" else node.domain
         known = category_of.get((domain, node.op))
         if known is None:
-            known = category_of[(domain, node.op)] = _category(rules, domain, node.op, node, result.warnings)
+            category, reason = _category(rules, domain, node.op, node, result.warnings)
+            known = category_of[(domain, node.op)] = (category.value, reason)
         categories[node.id] = known[0]
         reasons[node.id] = [known[1]]
     log.debug("classify pass 1 (categories): %d nodes, %d op types", len(index.nodes), len(category_of))
@@ -170,7 +172,7 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
                 index, rules, domain, op, len(node.inputs), len(node.outputs), target_type
             )
         t_in, t_out, pins_in, pins_out = tmpl
-        control = cat == Category.CONTROL_FLOW
+        control = cat == _CONTROL
         unplanned = cat in _UNPLANNED
         roles_in = []
         unknown = False
@@ -228,7 +230,7 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
         if unplanned:
             continue
         if _FOLLOW not in ri and _FOLLOW not in ro:
-            if (_FP32 in ri or _FP32 in ro) and _FOLLOW not in t_in + t_out and cat != Category.KEEP_FP32:
+            if (_FP32 in ri or _FP32 in ro) and _FOLLOW not in t_in + t_out and cat != _KEEP:
                 seeds[nid] = Seed.SCHEMA
                 reasons[nid].append(
                     Reason(
@@ -331,7 +333,12 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
             continue
         ri = result.roles_in[nid]
         for i, value in enumerate(node.inputs):
-            if value is not None and ri[i] == _FOLLOW and value.dtype == FLOAT and is_constant(value):
+            if (
+                value is not None
+                and ri[i] == _FOLLOW
+                and value.dtype == FLOAT
+                and (value.initializer is not None or (value.producer is not None and value.producer.op == "Constant"))
+            ):  # is_constant(value), inlined: this runs for every input of every planned node
                 pending.append((node, value))
     target_type = target.elem_type
     if target_type is None:
@@ -500,7 +507,7 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
     pins_out = pin.outputs if pin else ()
     any_in: set[int] | Literal[False] | None = ANY_INPUTS.get((domain, op), False)
 
-    def role(param, pinned) -> PortRole:
+    def role(param, pinned) -> str:
         if pinned:
             return _FP32
         if sig is None or param is None:

@@ -32,8 +32,9 @@ from .vocab import CATEGORY_NAME, PRECISION_OF_TYPE, Category, Paint, PortRole, 
 
 log = logging.getLogger(__name__)
 
-_LOW, _FP32, _OPEN, _NONE = Paint.LOW, Paint.FP32, Paint.UNDECIDED, Paint.NONE
-_FOLLOW = PortRole.FOLLOW
+# The hot loops compare plain str codes (CPython specializes str == str, not its subclasses).
+_LOW, _FP32, _OPEN, _NONE = Paint.LOW.value, Paint.FP32.value, Paint.UNDECIDED.value, Paint.NONE.value
+_FOLLOW = PortRole.FOLLOW.value
 _FLOAT_READ = PortRole.FOLLOW + PortRole.ANY  # input roles an edge runs into
 _FLOAT_WRITE = PortRole.FOLLOW + PortRole.FP32  # output roles a taint leaves through
 # Nodes whose output type is an attribute, so they can produce whatever their consumers need.
@@ -110,7 +111,7 @@ def _seed(state: _State) -> None:
     categories, seeds, frozen, roles_in, roles_out = c.categories, c.seeds, c.frozen, c.roles_in, c.roles_out
     unplanned = Category.NON_FLOAT + Category.CONTROL_FLOW
     follow, fp32 = PortRole.FOLLOW.value, PortRole.FP32.value
-    low, keep, allow = Category.LOW_PRECISION, Category.KEEP_FP32, Seed.ALLOW
+    low, keep, allow = Category.LOW_PRECISION.value, Category.KEEP_FP32.value, Seed.ALLOW
     for i in range(len(paint)):
         cat = categories[i]
         if cat in unplanned:
@@ -153,9 +154,8 @@ def _propagate_fp32_taint(state: _State) -> None:
     reached = 0
     while stack:
         node = stack.pop()
-        ro = roles_out[node.id]
-        for k, value in enumerate(node.outputs):
-            if ro[k] not in _FLOAT_WRITE:
+        for role, value in zip(roles_out[node.id], node.outputs):
+            if role not in _FLOAT_WRITE:
                 continue
             for consumer, port in value.consumers:
                 j = consumer.id
@@ -184,9 +184,8 @@ def _propagate_low(state: _State) -> None:
     reached = 0
     while stack:
         node = stack.pop()
-        ro = roles_out[node.id]
-        for k, value in enumerate(node.outputs):
-            if ro[k] != _FOLLOW:
+        for role, value in zip(roles_out[node.id], node.outputs):
+            if role != _FOLLOW:
                 continue
             for consumer, port in value.consumers:
                 j = consumer.id

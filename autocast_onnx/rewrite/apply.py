@@ -27,7 +27,7 @@ from ..plan.vocab import PortRole, Precision, required_type
 from .edit import Names, cast_node, write_nodes
 
 log = logging.getLogger(__name__)
-_FOLLOW, _FP32 = PortRole.FOLLOW, PortRole.FP32
+_FOLLOW, _FP32 = PortRole.FOLLOW.value, PortRole.FP32.value
 _ELEM_TYPE = {p: p.elem_type for p in Precision}
 
 
