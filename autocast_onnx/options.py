@@ -23,6 +23,17 @@ from .errors import AutocastError
 from .plan.vocab import Precision
 
 
+def compile_patterns(patterns, flag: str) -> list[re.Pattern]:
+    """Node-name regexes, compiled; a bad one is an AutocastError naming the flag."""
+    out = []
+    for pattern in patterns:
+        try:
+            out.append(re.compile(pattern))
+        except re.error as exc:
+            raise AutocastError(f"bad regex {pattern!r} for {flag}: {exc}", None, "fix the pattern") from None
+    return out
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """Everything that decides the plan, besides the model and measured data."""
@@ -45,12 +56,8 @@ class PlanOptions:
             if isinstance(value, (str, Path)):
                 value = (value,)
             object.__setattr__(self, name, tuple(str(v) for v in value))
-        for flag, patterns in (("--exclude-node", self.exclude_nodes), ("--include-node", self.include_nodes)):
-            for pattern in patterns:
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise AutocastError(f"bad regex {pattern!r} for {flag}: {exc}", None, "fix the pattern") from None
+        compile_patterns(self.exclude_nodes, "--exclude-node")
+        compile_patterns(self.include_nodes, "--include-node")
 
     @property
     def selects(self) -> bool:

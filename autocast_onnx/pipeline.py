@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from .io import (
     save_model,
     tensor_nbytes,
 )
+from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
@@ -65,16 +65,6 @@ def _no_gc():
     finally:
         if enabled:
             gc.enable()
-
-
-def _compile_patterns(patterns, flag):
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p))
-        except re.error as exc:
-            raise AutocastError(f"bad regex {p!r} for {flag}: {exc}", None, "fix the pattern") from None
-    return out
 
 
 def _initializer_bytes(index) -> int:
@@ -224,8 +214,8 @@ def _convert_loaded(
         )
     if plan is None:
         rule_set = load_rules(list(rules))
-        excl_nodes = _compile_patterns(exclude_nodes, "--exclude-node")
-        incl_nodes = _compile_patterns(include_nodes, "--include-node")
+        excl_nodes = compile_patterns(exclude_nodes, "--exclude-node")
+        incl_nodes = compile_patterns(include_nodes, "--include-node")
     with _no_gc():
         t = time.perf_counter()
         index = build_index(model, where, loaded.path.parent if loaded.path else None)

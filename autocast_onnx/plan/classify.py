@@ -492,6 +492,20 @@ def _category(rules, domain, op, node, warnings) -> tuple[Category, Reason]:
     )
 
 
+def schema_role(sig, param, target: int) -> str:
+    """The role the op's schema gives a port for the target element type: FOLLOW when the schema
+    admits it (or says nothing), FP32 when it admits only fp32 of the two, NONE otherwise. The
+    one schema rule classification and plan replay share."""
+    if sig is None or param is None:
+        return _FOLLOW
+    allowed = sig.allowed(param)
+    if allowed is None or target in allowed:
+        return _FOLLOW
+    if FLOAT in allowed:
+        return _FP32
+    return _NONE
+
+
 def _template(index, rules, domain, op, n_in, n_out, target: int):
     """The roles an op's ports take from its schema and the rule files' pins, before the
     tensors' actual types are known: (roles_in, roles_out, pinned inputs, pinned outputs)."""
@@ -508,16 +522,7 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
     any_in: set[int] | Literal[False] | None = ANY_INPUTS.get((domain, op), False)
 
     def role(param, pinned) -> str:
-        if pinned:
-            return _FP32
-        if sig is None or param is None:
-            return _FOLLOW
-        allowed = sig.allowed(param)
-        if allowed is None or target in allowed:
-            return _FOLLOW
-        if FLOAT in allowed:
-            return _FP32
-        return _NONE
+        return _FP32 if pinned else schema_role(sig, param, target)
 
     t_in = []
     for i in range(n_in):
