@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 
-from ..dtypes import FLOAT, MIXABLE
+from ..dtypes import MIXABLE
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, signatures
+from .classify import schema_role
 from .model import PLAN_VERSION, NodePlan, PlanWarning, PrecisionPlan, Reason
 from .vocab import Category, PortRole, Precision
 
@@ -152,6 +153,9 @@ def check_plan_fits(plan: PrecisionPlan, index: GraphIndex) -> None:
         )
     for entry, node in zip(plan.nodes, nodes):
         _check_entry(plan, entry, node, index, where)
+        # the precision's last reason is the file that set it (one such reason, however often replayed)
+        entry.reasons = [r for r in entry.reasons if r.code != "plan-replay"]
+        entry.reasons.append(Reason("plan-replay", f"precision {entry.precision} as written in the plan", where))
     log.debug("plan replay: %s fits the model (%d nodes)", where, len(nodes))
 
 
@@ -218,7 +222,7 @@ def _check_entry(plan: PrecisionPlan, entry: NodePlan, node, index: GraphIndex, 
 
 
 def _ports_without_type(node, entry: NodePlan, index: GraphIndex, elem_type: int) -> list[str]:
-    """FOLLOW ports whose schema does not admit `elem_type` (checked against the op's signature)."""
+    """FOLLOW ports whose schema does not admit `elem_type` (the rule classification uses)."""
     domain = "" if node.domain == "ai.onnx" else node.domain
     sig = signatures.lookup(domain, node.op, index.opset(domain))
     if sig is None:
@@ -231,7 +235,6 @@ def _ports_without_type(node, entry: NodePlan, index: GraphIndex, elem_type: int
         for k, role in enumerate(roles):
             if role != PortRole.FOLLOW:
                 continue
-            allowed = sig.allowed(param_of(k))
-            if allowed is not None and elem_type not in allowed and FLOAT in allowed:
+            if schema_role(sig, param_of(k), elem_type) != PortRole.FOLLOW:
                 out.append(f"{side} {k}")
     return out
