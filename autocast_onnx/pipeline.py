@@ -15,6 +15,7 @@ import onnx
 from .catalog import load_rules
 from .errors import AutocastError
 from .graph import build_index
+from .graph.training import TrainingGraph, recognise
 from .io import (
     LoadedModel,
     check_output_path,
@@ -29,6 +30,14 @@ from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
+from .rewrite.loss_scale import (
+    LossScale,
+    LossScaling,
+    parse_loss_scale,
+    refuse_loss_scale,
+    seed_loss_scale,
+    unscale_gradients,
+)
 
 # Checks run on every converted model: "basic" is onnx.checker (structure, schemas, attributes);
 # "full" adds ONNX shape and type inference over the whole graph (as slow as the conversion itself
@@ -48,6 +57,8 @@ class ConversionResult:
     initializer_bytes_after: int
     seconds: dict = field(default_factory=dict)
     output_files: list = field(default_factory=list)
+    training: TrainingGraph | None = None  # what kind of training graph the input was (None: inference)
+    loss_scaling: LossScaling | None = None  # what the loss-scaling rewrite added
 
     @property
     def casts_added(self) -> int:
@@ -90,6 +101,7 @@ def convert(
     calibration=None,
     force_fp32=None,
     plan: PrecisionPlan | str | os.PathLike | None = None,
+    loss_scale: str | float | None = None,
 ) -> ConversionResult:
     """Convert a model to mixed precision.
 
@@ -97,7 +109,9 @@ def convert(
     default) or bf16. `rules` are extra rule files, applied in order over the default profile.
     `calibration` maps tensor names to measured ranges (see validate.calibrate). `plan` replays
     a plan written by `--plan-out` / `PrecisionPlan.save` (possibly edited) instead of planning:
-    it must belong to this model, and no planning option may be given with it. Returns the
+    it must belong to this model, and no planning option may be given with it. `loss_scale`
+    ("dynamic", "none" or a number; default dynamic for onnxruntime-training models) puts loss
+    scaling into a training graph (see rewrite/loss_scale.py). Returns the
     converted model, the precision plan (node -> precision and reasons) and statistics. Raises
     AutocastError on bad input.
     """
@@ -122,6 +136,7 @@ def convert(
         calibration=calibration,
         force_fp32=force_fp32,
         plan=plan,
+        loss_scale=loss_scale,
     )
 
 
@@ -184,6 +199,7 @@ def _convert_loaded(
     calibration=None,
     force_fp32=None,
     plan=None,
+    loss_scale=None,
 ) -> ConversionResult:
     if plan is not None:
         plan = _replayed_plan(
@@ -212,6 +228,7 @@ def _convert_loaded(
             where,
             "upgrade the model with onnx.version_converter first; autocast-onnx does not change the opset itself",
         )
+    training, scale = _training_setup(model, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where)
     if plan is None:
         rule_set = load_rules(list(rules))
         excl_nodes = compile_patterns(exclude_nodes, "--exclude-node")
@@ -239,8 +256,15 @@ def _convert_loaded(
         timings["plan"] = time.perf_counter() - t
         t = time.perf_counter()
         stats = apply_plan(index, plan)
+        scaling = None
+        if scale is not None and training is not None:
+            scaling = unscale_gradients(model, training, scale)
         timings["apply"] = time.perf_counter() - t
         bytes_after = bytes_before + stats.initializer_bytes_delta
+    if training is not None:
+        plan.training = {"kind": training.kind, "graph": training.describe(), "losses": list(training.losses)}
+        plan.training["parameters"] = list(training.parameters)
+        plan.training["loss_scaling"] = scaling.to_dict() if scaling else {"mode": training.loss_scale or "none"}
     if check not in CHECKS:
         raise AutocastError(f"unknown check level {check!r}", "--check", "use full, basic or none")
     if check != "none":
@@ -254,7 +278,42 @@ def _convert_loaded(
         initializer_bytes_before=bytes_before,
         initializer_bytes_after=bytes_after,
         seconds=timings,
+        training=training,
+        loss_scaling=scaling,
     )
+
+
+def _training_setup(model, loss_scale, keep_io_types, where: str):
+    """Recognise a training graph and prepare its loss scaling: returns the TrainingGraph (None
+    for an inference graph) and the LossScale to finish after the plan is applied (None: none)."""
+    training = recognise(model)
+    scale = parse_loss_scale(loss_scale) if loss_scale is not None else None
+    if scale is not None:
+        refuse_loss_scale(training, scale, where)
+    if training is None or not training.has_backward:
+        return training, None
+    if keep_io_types is False:
+        raise AutocastError(
+            "--no-keep-io-types would make the parameters of this training graph low-precision graph inputs; "
+            "training keeps fp32 master weights (the checkpoint and the optimizer hold fp32)",
+            where,
+            "drop --no-keep-io-types",
+        )
+    if training.loss_scale is not None:
+        if scale is not None and scale.mode != "none":
+            raise AutocastError(
+                f"the model already has loss scaling ({training.loss_scale}): it was converted by autocast-onnx",
+                where,
+                "convert the original fp32 training model instead, or drop --loss-scale",
+            )
+        return training, None
+    if training.kind != "ort-training" or training.seed is None:
+        return training, None
+    scale = scale or LossScale("dynamic")
+    if scale.mode == "none":
+        return training, None
+    seed_loss_scale(model, training, scale)
+    return training, scale
 
 
 def default_output_path(in_path: Path, precision: str) -> Path:
@@ -365,6 +424,7 @@ def _api_options(options: dict) -> dict:
         "calibration",
         "force_fp32",
         "plan",
+        "loss_scale",
     }
     unknown = set(options) - allowed
     if unknown:
@@ -379,6 +439,7 @@ def _api_options(options: dict) -> dict:
         "include_nodes": options.get("include_nodes", ()),
         "calibration": options.get("calibration"),
         "force_fp32": options.get("force_fp32"),
+        "loss_scale": options.get("loss_scale"),
     }
 
 

@@ -391,6 +391,13 @@ def cli() -> None:
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option(
+    "--loss-scale",
+    type=TEXT,
+    default=None,
+    help="Training graphs: loss scaling put into the graph: dynamic (a loss_scale input, the default for "
+    "onnxruntime-training models), a constant N, or none.",
+)
+@click.option(
     "--calibration-data",
     type=PATH,
     help="An .npz file or folder of them: run the fp32 model on it and keep fp32 the nodes whose tensors "
@@ -423,6 +430,7 @@ def convert(
     external_data,
     check,
     quiet,
+    loss_scale,
     calibration_data,
     targets,
     run_validate,
@@ -430,7 +438,11 @@ def convert(
     verbose,
     **kw,
 ) -> None:
-    """Convert MODEL to mixed precision and print a summary."""
+    """Convert MODEL to mixed precision and print a summary.
+
+    MODEL may be an onnxruntime-training artifacts folder: its training and eval models are
+    converted into the -o folder (default: FOLDER.<precision>), the optimizer model and
+    checkpoint are copied, and autocast-manifest.json says what changed."""
     from ..report import conversion_summary
 
     report_json = kw.get("report_json")
@@ -457,6 +469,20 @@ def convert(
                     _refuse_unused(ctx, ("device",), "without --validate, --target or --calibration-data", "drop it")
         settings, config_file = _setup(config, verbose)
         plan = _plan_from(settings, kw)
+        if loss_scale is not None:
+            from ..rewrite.loss_scale import parse_loss_scale
+
+            parse_loss_scale(loss_scale)
+        from ..training.artifacts import is_artifacts_dir
+
+        if is_artifacts_dir(model):
+            _refuse_unused(
+                ctx,
+                ("plan_file", "plan_out", "calibration_data", "targets", "run_validate", "external_data"),
+                "with an artifacts folder",
+                "convert training_model.onnx on its own to use them",
+            )
+            return _convert_folder(model, output, plan, check, loss_scale, echo, written)
         replay = None
         if plan_file is not None:
             from ..plan import PrecisionPlan
@@ -514,7 +540,15 @@ def convert(
             )
         written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
         if replay is not None:
-            result = convert_file(model, out, plan_out=plan_out, external_data=external_data, check=check, plan=replay)
+            result = convert_file(
+                model,
+                out,
+                plan_out=plan_out,
+                external_data=external_data,
+                check=check,
+                plan=replay,
+                loss_scale=loss_scale,
+            )
         else:
             result = convert_file(
                 model,
@@ -524,6 +558,7 @@ def convert(
                 check=check,
                 calibration=measured.calibration,
                 force_fp32=measured.force_fp32,
+                loss_scale=loss_scale,
                 **plan.convert_kwargs(),
             )
         echo(conversion_summary(result, model, out))
@@ -542,6 +577,64 @@ def convert(
 
     passed = run_guarded(body, doing="converting", subject=model)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+def _convert_folder(model, output, plan, check, loss_scale, echo, written) -> bool:
+    """convert on an onnxruntime-training artifacts folder (see training/artifacts.py)."""
+    from ..report import conversion_summary
+    from ..training.artifacts import MANIFEST, convert_artifacts, default_output_dir
+
+    out_dir = Path(output) if output is not None else default_output_dir(Path(model), plan.precision.value)
+    written.track(out_dir / MANIFEST)
+    result = convert_artifacts(model, out_dir, check=check, loss_scale=loss_scale, **plan.convert_kwargs())
+    for name, converted in result.results.items():
+        echo(conversion_summary(converted, Path(model) / name, out_dir / name))
+        echo("")
+    echo(f"copied unchanged: {', '.join(result.copied) or 'nothing'}")
+    echo(f"manifest written to {out_dir / MANIFEST}")
+    return True
+
+
+@cli.command()
+@click.argument("model", type=PATH)
+@click.option(
+    "-o",
+    "--output",
+    type=PATH,
+    help="The emulation model (default: MODEL.emu.onnx beside it; for an artifacts folder, FOLDER.emu).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+@verbose_option
+def emulate(model, output, quiet, verbose) -> None:
+    """Write the fp32 model that rounds like the mixed-precision MODEL would on a GPU.
+
+    Every fp16/bf16 tensor of MODEL is rounded to its type right after it is produced and computed
+    on in fp32 (as tensor cores accumulate), so ONNX Runtime's CPU provider - and onnxruntime-training
+    on CPU - shows fp16 overflow, underflow and rounding. MODEL may be a converted model or a
+    converted artifacts folder (both models emulated, the other files copied)."""
+
+    def body(written):
+        from ..validate.emulate import emulate_file
+
+        _setup(None, verbose)
+        done = emulate_file(model, output)
+        written.track(done["output"])
+        if not quiet:
+            for name, entry in done["files"].items():
+                if entry.get("action") == "emulated":
+                    count = entry["low_precision_tensors"]
+                    click.echo(f"{name}: {count} low-precision tensors emulated")
+                    if not count:
+                        click.echo(
+                            f"autocast-onnx: warning: {name} has no fp16/bf16 tensor: its emulation computes "
+                            "exactly what it computes (pass a converted model)",
+                            err=True,
+                        )
+            click.echo(f"written to {done['output']}")
+        return True
+
+    run_guarded(body, doing="emulating", subject=model)
+    sys.exit(EXIT_OK)
 
 
 @cli.command()

@@ -1,6 +1,8 @@
 """Port signatures of ops: for each input and output, its type parameter and the types that
 parameter admits. From the `onnx` package's schemas at the model's opset for ONNX domains,
-and from the shipped table data/ort_signatures.json for ONNX Runtime's own ops. Read-only."""
+and from the shipped tables data/ort_signatures.json (ONNX Runtime's own ops) and
+data/ort_training_signatures.json (the gradient, loss and optimizer ops of onnxruntime-training,
+transcribed from its source: see tools/gen_ort_training_signatures.py). Read-only."""
 
 from __future__ import annotations
 
@@ -61,8 +63,10 @@ def _types(strs) -> frozenset:
 
 @cache
 def _ort_table() -> dict:
-    path = Path(__file__).resolve().parent.parent / "data" / "ort_signatures.json"
-    return json.loads(path.read_text())
+    data = Path(__file__).resolve().parent.parent / "data"
+    table = json.loads((data / "ort_signatures.json").read_text())
+    table.update(json.loads((data / "ort_training_signatures.json").read_text()))
+    return table
 
 
 @lru_cache(maxsize=4096)

@@ -493,6 +493,138 @@ def reduction_depth(ctx, check):
             )
 
 
+# ---- training graphs (AC5xx) ------------------------------------------------------------------
+
+OPTIMIZERS = {
+    "com.microsoft:AdamOptimizer",
+    "com.microsoft:AdamWOptimizer",
+    "com.microsoft:SGDOptimizer",
+    "com.microsoft:SGDOptimizerV2",
+    "com.microsoft:LambOptimizer",
+    "ai.onnx.preview.training:Adam",
+    "ai.onnx.preview.training:Adagrad",
+    "ai.onnx.preview.training:Momentum",
+}
+_CLEAR_PATH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Cast"}
+
+
+def _training(ctx):
+    from ..graph.training import recognise
+
+    return recognise(ctx.model)
+
+
+def _model_diag(ctx, check, message, node=None, tensor=None) -> Diagnostic:
+    return Diagnostic(
+        code=check.code,
+        name=check.name,
+        severity=check.severity,
+        message=message,
+        fix=check.fix,
+        node=node.label if node is not None else None,
+        op_type=node.op if node is not None else None,
+        graph=node.scope.path if node is not None else "main",
+        node_index=node.pos if node is not None else None,
+        model=ctx.path,
+        tensor=tensor,
+    )
+
+
+def gradient_accumulation(ctx, check):
+    """Accumulators fed a low-precision gradient or buffer, and low-precision reductions whose
+    result reaches an accumulator (through data movement only)."""
+    if ctx.mode != "actual":
+        return
+    training = _training(ctx)
+    if training is None or not training.accumulations:
+        return
+    main = ctx.index.main
+    for acc in training.accumulations:
+        node = main.nodes[acc.node]
+        for port, what in ((0, "buffer"), (1, "gradient")):
+            value = node.inputs[port] if port < len(node.inputs) else None
+            if value is not None and value.dtype in LOW:
+                yield _model_diag(
+                    ctx,
+                    check,
+                    f"{node.op} accumulates the {dtype_name(value.dtype)} {what} '{value.name}'",
+                    node,
+                    value.name,
+                )
+        # walk back from the gradient through data movement to a reduction
+        value = node.inputs[1] if len(node.inputs) > 1 else None
+        while value is not None and value.producer is not None:
+            producer = value.producer
+            if producer.op.startswith("Reduce") or producer.op == "Sum":
+                if ctx.is_low(producer):
+                    yield ctx.diag(
+                        check,
+                        producer,
+                        f"{producer.op} reduces the gradient of "
+                        f"'{acc.parameter or acc.gradient}' {ctx.where()} {ctx.tname}",
+                    )
+                break
+            if producer.op not in _CLEAR_PATH or not producer.inputs:
+                break
+            value = producer.inputs[0]
+
+
+def loss_scaling(ctx, check):
+    """An onnxruntime-training graph with low-precision nodes whose backward seed is still 1."""
+    if ctx.mode != "actual":
+        return
+    training = _training(ctx)
+    if training is None or training.kind != "ort-training" or training.loss_scale is not None:
+        return
+    if training.seed is None:
+        return
+    low = sum(1 for node in ctx.index.nodes if ctx.is_low(node))
+    if low:
+        yield _model_diag(
+            ctx,
+            check,
+            f"the backward pass starts from '{training.seed}' = 1 with no loss scaling, and {low} nodes compute in "
+            f"{ctx.tname}: gradients below {ctx.tname}'s smallest subnormal become zero",
+            tensor=training.seed,
+        )
+
+
+def master_weights(ctx, check):
+    """Trained parameters and their gradient buffers declared low precision; optimizer ops fed
+    low-precision tensors or sequences of them."""
+    training = _training(ctx)
+    graph = ctx.model.graph
+    declared = {}
+    for vi in graph.input:
+        t = vi.type
+        if t.HasField("sequence_type"):
+            t = t.sequence_type.elem_type
+        if t.HasField("tensor_type"):
+            declared[vi.name] = t.tensor_type.elem_type
+    if training is not None:
+        for acc in training.accumulations:
+            for name, what in ((acc.parameter, "parameter"), (acc.buffer, "gradient buffer")):
+                if name is not None and declared.get(name) in LOW:
+                    yield _model_diag(
+                        ctx, check, f"{what} '{name}' is a {dtype_name(declared[name])} graph input", tensor=name
+                    )
+    for node in ctx.index.nodes:
+        if _key(node) not in OPTIMIZERS:
+            continue
+        for value in node.inputs:
+            if value is None:
+                continue
+            dtype = value.dtype if value.dtype is not None else declared.get(value.name)
+            if dtype in LOW:
+                yield _model_diag(
+                    ctx,
+                    check,
+                    f"{node.op} reads '{value.name}' as {dtype_name(dtype)}: optimizer state and weights must be fp32",
+                    node,
+                    value.name,
+                )
+
+
 def unused_suppression(ctx, check):
     return iter(())  # reported by the engine, which knows the suppressions
 
@@ -508,5 +640,8 @@ KINDS = {
     "unknown-type": unknown_type,
     "alignment": alignment,
     "reduction-depth": reduction_depth,
+    "gradient-accumulation": gradient_accumulation,
+    "loss-scaling": loss_scaling,
+    "master-weights": master_weights,
     "unused-suppression": unused_suppression,
 }

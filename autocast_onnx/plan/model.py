@@ -114,6 +114,7 @@ class PrecisionPlan:
         self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
         self.source: str | None = None  # the file a replayed plan was read from
+        self.training: dict | None = None  # the training graph and its loss scaling (None: inference)
         nodes = nodes or []
         self.precisions: list = [Precision(n.precision) for n in nodes]
         self.categories: list[str] = [n.category for n in nodes]
@@ -163,6 +164,7 @@ class PrecisionPlan:
             "summary": self.counts(),
             "warnings": [asdict(w) for w in self.warnings],
             "clamp_initializers": self.clamp_initializers,
+            **({"training": self.training} if self.training is not None else {}),
             "nodes": [
                 {k: v for k, v in asdict(n).items() if not (k in ("fp32_inputs", "fp32_outputs") and not v)}
                 for n in self.nodes

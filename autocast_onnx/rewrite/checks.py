@@ -1,5 +1,10 @@
 """Stage: final checks on the rewritten model. A failure here is a bug in autocast-onnx, not
-bad input, so it raises InternalCheckError and is never hidden."""
+bad input, so it raises InternalCheckError and is never hidden.
+
+onnxruntime-training writes a few of its own ops into the default domain (MaxPoolGrad,
+AveragePoolGrad, SparseSoftmaxCrossEntropy(Grad)), which onnx.checker rejects even in the input.
+Such a model is checked with those nodes moved to a domain the checker leaves alone, so that
+everything else is still checked."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import onnx
 from ..errors import InternalCheckError
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
+_ORT_DOMAIN = "com.microsoft"
 
 
 def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
@@ -17,6 +23,9 @@ def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
     try:
         onnx.checker.check_model(model, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        patched = _ort_default_domain_ops_moved(model)
+        if patched is not None:
+            return check_result(patched, full)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InternalCheckError(f"the converted model fails onnx.checker: {first}") from exc
 
@@ -25,4 +34,41 @@ def check_file(path, full: bool = True) -> None:
     try:
         onnx.checker.check_model(str(path), full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        patched = _ort_default_domain_ops_moved(onnx.load(str(path), load_external_data=False))
+        if patched is not None:
+            return check_result(patched, full)
         raise InternalCheckError(f"the converted model fails onnx.checker: {exc}") from exc
+
+
+def _ort_default_domain_ops_moved(model) -> onnx.ModelProto | None:
+    """A copy with ONNX Runtime's default-domain ops (unknown to onnx) moved to com.microsoft,
+    or None when the model has none (the failure is real)."""
+    from ..graph.signatures import _ort_table
+
+    if isinstance(model, bytes):
+        model = onnx.ModelProto.FromString(model)
+    table = _ort_table()
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    moved = 0
+    for node in _all_nodes(copy.graph):
+        if node.domain in ("", "ai.onnx") and node.op_type in table and not onnx.defs.has(node.op_type):
+            node.domain = _ORT_DOMAIN
+            moved += 1
+    if not moved or opset is None:
+        return None
+    if not any(o.domain == _ORT_DOMAIN for o in copy.opset_import):
+        copy.opset_import.add(domain=_ORT_DOMAIN, version=1)
+    return copy
+
+
+def _all_nodes(graph):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _all_nodes(sub)

@@ -1,6 +1,16 @@
-"""Mixed-precision training support: dynamic loss scaling (this package will also hold the step
-helper for onnxruntime-training's Module/Optimizer). Pure Python; nothing here needs a runtime."""
+"""Mixed-precision training support: dynamic loss scaling (DynamicLossScaler), one training step
+for onnxruntime-training's Module/Optimizer (TrainingStep), and the conversion of an artifacts
+folder (convert_artifacts). Nothing here imports onnxruntime."""
 
+from .artifacts import ArtifactsResult, convert_artifacts, is_artifacts_dir
 from .scaler import DynamicLossScaler
+from .step import StepResult, TrainingStep
 
-__all__ = ["DynamicLossScaler"]
+__all__ = [
+    "ArtifactsResult",
+    "DynamicLossScaler",
+    "StepResult",
+    "TrainingStep",
+    "convert_artifacts",
+    "is_artifacts_dir",
+]

@@ -126,3 +126,42 @@ def _to_fp32(tensor: TensorProto) -> None:
         data = numpy_helper.to_array(tensor).astype(np.float32)
     name = tensor.name
     tensor.CopyFrom(numpy_helper.from_array(data.astype(np.float32), name))
+
+
+def low_precision_tensors(model: onnx.ModelProto, where: str = "<model>") -> int:
+    """How many tensors of the model are fp16/bf16 (0: its emulation computes what it computes)."""
+    index = build_index(model, where)
+    return sum(1 for scope in index.scopes for value in scope.values.values() if value.dtype in LOW)
+
+
+def emulate_file(in_path, out_path=None) -> dict:
+    """`autocast-onnx emulate`: write the emulation model of the mixed-precision model at
+    `in_path` (default: NAME.emu.onnx beside it), or of both models of an onnxruntime-training
+    artifacts folder (default: FOLDER.emu; the other files are copied), so that ONNX Runtime's CPU
+    provider, onnxruntime-training included, computes with the rounding of fp16/bf16. Returns
+    what was written: {"output": path, "files": {name: low-precision tensors emulated}}."""
+    from pathlib import Path
+
+    from ..io import check_outputs, load_model, save_model
+    from ..training.artifacts import ArtifactsResult, is_artifacts_dir, process_folder
+
+    in_path = Path(in_path)
+
+    def one(source: Path, target: Path) -> dict:
+        loaded = load_model(source)
+        emulated = low_precision_tensors(loaded.model, str(source))
+        save_model(emulation_model(loaded.model, str(source)), target, external_data=loaded.external_data or None)
+        return {"action": "emulated", "low_precision_tensors": emulated}
+
+    if is_artifacts_dir(in_path):
+        out_dir = Path(out_path) if out_path is not None else in_path.with_name(in_path.name + ".emu")
+        result = ArtifactsResult(out_dir=out_dir)
+        process_folder(in_path, out_dir, one, result, lambda results: {"emulation": True})
+        return {"output": str(out_dir), "files": dict(result.manifest["files"])}
+    if in_path.is_dir():
+        load_model(in_path)  # says it is a folder, not a model
+    out = (
+        Path(out_path) if out_path is not None else in_path.with_name(f"{in_path.stem}.emu{in_path.suffix or '.onnx'}")
+    )
+    check_outputs([("-o", out)], [in_path], models=["-o"], model_inputs=[in_path])
+    return {"output": str(out), "files": {in_path.name: one(in_path, out)}}
