@@ -1,7 +1,8 @@
 """Export small real training graphs with onnxruntime-training: the test and example inputs of
 training-graph support. Three digits-sized models (sklearn's 8x8 digits: 64 features, 10
 classes), each exported from torch and turned into ONNX Runtime training artifacts
-(training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint):
+(training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint), with the logits as a
+second output of the training and eval models:
 
   mlp      Linear(64, 32) -> ReLU -> Linear(32, 10)                          (Gemm, ReluGrad)
   cnn      Conv(1->8, 3x3) -> ReLU -> MaxPool(2) -> Linear(128, 10)           (Conv, ConvGrad, MaxPoolGrad)
@@ -12,13 +13,16 @@ as the plain wheel:
 
     python3 -m venv .venv-training
     .venv-training/bin/pip install torch==2.13.0          # the CPU build, first
-    .venv-training/bin/pip install -e ".[training-test]"
+    .venv-training/bin/pip install -e ".[training-test]"    # onnxruntime-training, onnx < 1.18
     .venv-training/bin/python tools/export_training_artifacts.py OUT_DIR [MODEL ...]
 
 Facts this script works around (onnxruntime-training 1.19.2, torch 2.13):
   - torch exports LayerNormalization with one output, but the LayerNormalizationGrad builder
     needs the Mean and InvStdDev outputs: generate_artifacts then fails with
     "i < node_->OutputDefs().size() was false". The two outputs are added before generating.
+  - onnxruntime-training 1.19.2 reads ONNX IR version 10 at most: onnx >= 1.18 writes IR 11 or
+    later into optimizer_model.onnx, which Optimizer() then refuses. The [training] extra pins
+    onnx < 1.18.
   - onnxruntime-training's pybind module has no get_all_operator_schema, so the signatures of
     the training ops come from data/ort_training_signatures.json instead.
 """
@@ -100,6 +104,7 @@ def export(name: str, out: Path, seed: int = 0) -> Path:
         loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.OptimType.AdamW,
         artifact_directory=str(folder),
+        additional_output_names=["logits"],  # the eval model gives accuracy, not only the loss
     )
     return folder
 

@@ -8,6 +8,7 @@ it ends in exit 2 or 3 after writing them."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -644,13 +645,50 @@ def emulate(model, output, quiet, verbose) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; use the exit code.")
 @config_option
 @verbose_option
-def validate(reference, converted, quiet, config, verbose, **kw) -> None:
+@click.pass_context
+def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
     """Compare CONVERTED against REFERENCE: per-output accuracy and speed.
+
+    For onnxruntime-training models (training_model.onnx and its conversion; needs
+    onnxruntime-training): one training step of each on the same batch (--inputs, or generated
+    from --seed), compared gradient by gradient - cosine, relative error, underflow, non-finite
+    entries and all_finite.
 
     Exit codes: 0 every output passes, 1 a threshold failed, 2 usage or input error, 3 internal error."""
     report_json, report_html = kw.get("report_json"), kw.get("report_html")
 
+    def training_body(written) -> bool:
+        from ..io import check_outputs
+        from ..validate.training import training_step_text, validate_training_step
+
+        given = [name for name in _given(ctx, list(kw)) if name not in ("--inputs", "--seed", "--report-json")]
+        if given:
+            raise AutocastError(
+                f"{', '.join(given)} cannot be used when validating a training step",
+                str(reference),
+                "a training step is validated with --inputs or --seed, and --report-json",
+            )
+        from ..options import validate_options
+
+        settings, config_file = _setup(config, verbose)
+        options = validate_options(settings, **kw)
+        check_outputs([("--report-json", report_json)], [reference, converted, options.inputs, config_file])
+        written.track(report_json)
+        report = validate_training_step(reference, converted, inputs=options.inputs, seed=options.seed)
+        if not quiet:
+            click.echo(training_step_text(report), err=_to_stdout(report_json))
+        if report_json is not None:
+            _write_or_echo(json.dumps(report, indent=1), report_json)
+        return report["passed"]
+
     def body(written):
+        from ..graph.training import recognise
+        from ..io import load_model
+
+        if Path(reference).is_file():
+            training = recognise(load_model(reference).model)
+            if training is not None and training.accumulations:
+                return training_body(written)
         from ..io import check_outputs
         from ..options import validate_options
         from ..report.validation import validation_text

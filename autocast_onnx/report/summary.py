@@ -39,6 +39,7 @@ def summary_dict(result) -> dict:
         "graphs_sorted": list(result.stats.graphs_sorted),
         "clamped_values": result.stats.clamped_values,
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
+        "training": plan.training,
     }
 
 
@@ -64,6 +65,8 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     )
     lines.append(f"initializer bytes: {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}")
     stats = result.stats
+    if plan.training is not None:
+        lines.extend(_training_lines(plan.training))
     # Changes beyond the plan's casts, said out loud.
     if stats.outputs_renamed:
         names = ", ".join(stats.outputs_renamed[:5]) + (" ..." if len(stats.outputs_renamed) > 5 else "")
@@ -84,3 +87,32 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     stages = ", ".join(f"{k} {v:.3f}" for k, v in secs.items() if k != "total")
     lines.append(f"time: {secs.get('total', sum(secs.values())):.3f} s ({stages})")
     return "\n".join(lines)
+
+
+def _training_lines(training: dict) -> list[str]:
+    lines = [f"training graph: {training['graph']}"]
+    if training["kind"] == "loss":
+        lines.append("  the loss stays fp32; no backward pass, so no loss scaling")
+        return lines
+    params = training.get("parameters") or []
+    if params:
+        lines.append(
+            f"  master weights: {len(params)} parameters stay fp32 graph inputs (one Cast each, where fp16 nodes use them)"
+        )
+    scaling = training.get("loss_scaling") or {}
+    mode = scaling.get("mode", "none")
+    if scaling.get("output"):
+        feed = (
+            f"the fp32 input '{scaling['input']}' seeds the backward pass"
+            if scaling.get("input")
+            else (f"the constant {mode} seeds the backward pass")
+        )
+        lines.append(
+            f"  loss scaling: {mode} - {feed}; {scaling['gradients']} gradients are unscaled in fp32 before "
+            f"accumulation; bool output '{scaling['output']}' says whether all are finite"
+        )
+    elif training["kind"] == "ort-training":
+        lines.append(f"  loss scaling: {mode} (already in the model)" if mode != "none" else "  loss scaling: none")
+    else:
+        lines.append("  loss scaling: not applicable (gradients computed by ai.onnx.preview.training ops, kept fp32)")
+    return lines

@@ -101,9 +101,20 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
             after.setdefault(producer.id, []).extend(chain)
 
     # before the node lists are rewritten: a body graph is reached through its owner's proto, which
-    # write_nodes replaces by a copy
+    # write_nodes replaces by a copy. Every tensor the model names is fp32 in the emulation (the
+    # rounded copies carry new names), so declared low types become fp32 rather than being dropped:
+    # ops without shape inference (onnxruntime-training's MaxPoolGrad) need the declared types.
     for scope in index.scopes:
+        outputs = {vi.name for vi in scope.graph.output}
+        kept = []
+        for vi in scope.graph.value_info:
+            if vi.name in outputs:
+                continue
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in LOW:
+                vi.type.tensor_type.elem_type = FLOAT
+            kept.append(vi)
         del scope.graph.value_info[:]
+        scope.graph.value_info.extend(kept)
     write_nodes(index, head, after, skip_unchanged=False)
     return emu
 
