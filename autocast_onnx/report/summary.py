@@ -97,7 +97,7 @@ def _training_lines(training: dict) -> list[str]:
     params = training.get("parameters") or []
     if params:
         lines.append(
-            f"  master weights: {len(params)} parameters stay fp32 graph inputs (one Cast each, where fp16 nodes use them)"
+            f"  master weights: {len(params)} parameters stay fp32 inputs (one Cast each where fp16 nodes read them)"
         )
     scaling = training.get("loss_scaling") or {}
     mode = scaling.get("mode", "none")
