@@ -299,13 +299,7 @@ def _training_setup(model, loss_scale, keep_io_types, where: str):
             where,
             "drop --no-keep-io-types",
         )
-    if training.loss_scale is not None:
-        if scale is not None and scale.mode != "none":
-            raise AutocastError(
-                f"the model already has loss scaling ({training.loss_scale}): it was converted by autocast-onnx",
-                where,
-                "convert the original fp32 training model instead, or drop --loss-scale",
-            )
+    if training.loss_scale is not None:  # converted before (refuse_loss_scale refused an explicit scale)
         return training, None
     if training.kind != "ort-training" or training.seed is None:
         return training, None

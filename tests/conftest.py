@@ -25,3 +25,19 @@ def keep_io(request):
     """keep_io_types: True keeps fp32 graph inputs/outputs (casts at the edges), False lets them
     take the low precision."""
     return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `training` need onnxruntime-training, which cannot share an environment with
+    the plain onnxruntime wheel: skipped here with that reason, run for real by .ci/run in
+    .venv-training (`pytest -m training tests/test_training_runtime.py`)."""
+    from autocast_onnx.validate.training import has_training_runtime
+
+    if has_training_runtime():
+        return
+    skip = pytest.mark.skip(
+        reason="needs onnxruntime-training (its own environment); .ci/run runs these in .venv-training"
+    )
+    for item in items:
+        if "training" in item.keywords:
+            item.add_marker(skip)

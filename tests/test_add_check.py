@@ -149,8 +149,11 @@ def test_catalog_of_the_copy_loads_the_entry_and_the_registered_stub(scaffolded)
     for key in ("why", "fix", "example"):
         assert got["entry"][key].startswith("TODO"), key
     assert got["entry"]["params"] == {}
-    # in code order: after AC403, before AC901; the package's own catalog path is the copy's
-    assert got["order"][-3:] == ["AC403", "AC404", "AC901"]
+    # in code order: right after AC403, before the AC5xx checks and AC901; the package's own
+    # catalog path is the copy's
+    order = got["order"]
+    assert order[order.index("AC403") + 1] == "AC404" and order[order.index("AC404") + 1] == "AC501"
+    assert order[-1] == "AC901"
     assert got["default"] == got["order"]
     assert got["registered"] is True
     assert got["findings"] == []
@@ -209,7 +212,7 @@ def test_existing_kind_adds_no_stub(tmp_path):
     proc = scaffold(
         copy,
         "--code",
-        "AC106",
+        "AC107",
         "--name",
         "exp-in-half",
         "--severity",
@@ -223,12 +226,12 @@ def test_existing_kind_adds_no_stub(tmp_path):
     assert (copy / "autocast_onnx" / "lint" / "checks.py").read_bytes() == checks_before
     assert "unchanged" in proc.stdout
     lint = (copy / "rules" / "lint.toml").read_text(encoding="utf-8")
-    entry = lint[lint.index('code = "AC106"') : lint.index('code = "AC201"')]
+    entry = lint[lint.index('code = "AC107"') : lint.index('code = "AC201"')]
     assert 'kind = "op-family"' in entry and "# TODO: the parameters of kind 'op-family'" in entry
-    assert lint.index('code = "AC105"') < lint.index('code = "AC106"') < lint.index('code = "AC201"')
+    assert lint.index('code = "AC106"') < lint.index('code = "AC107"') < lint.index('code = "AC201"')
     tests = (copy / "tests" / "test_lint_checks.py").read_text(encoding="utf-8")
-    assert "def test_ac106_bad():" in tests and "def test_ac106_good():" in tests
-    assert "## AC106 exp-in-half" in (copy / "docs" / "rules.md").read_text(encoding="utf-8")
+    assert "def test_ac107_bad():" in tests and "def test_ac107_good():" in tests
+    assert "## AC107 exp-in-half" in (copy / "docs" / "rules.md").read_text(encoding="utf-8")
 
 
 def test_a_failing_docs_run_restores_every_file(tmp_path):

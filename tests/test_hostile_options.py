@@ -28,7 +28,7 @@ from onnx import helper
 from autocast_onnx.cli.main import cli
 
 PREFIX = "autocast-onnx: error: "
-COMMANDS = ["convert", "validate", "lint", "check", "explain", "rules"]
+COMMANDS = ["convert", "validate", "lint", "check", "explain", "rules", "emulate"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,17 @@ HOSTILE = {
         "external_data": NO_VALUE,
         "check": choice(),
         "quiet": NO_VALUE,
+        "loss_scale": {
+            "empty": "",
+            "blank": " ",
+            "negative": "-1",
+            "zero": "0",
+            "nan": "nan",
+            "inf": "inf",
+            "huge": "1e39",
+            "not_a_number": "abc",
+            "on_an_inference_model": "dynamic",
+        },
         "calibration_data": BATCHES,
         "targets": {
             "empty": "",
@@ -264,6 +275,12 @@ HOSTILE = {
     "rules": {
         "fmt": choice(),
     },
+    "emulate": {
+        "model": INPUT_FILE,
+        "output": dict(OUTPUT.items()),
+        "quiet": NO_VALUE,
+        "verbose": NO_VALUE,
+    },
 }
 
 # The valid run each hostile value is put into (one value replaced or added at a time): fast
@@ -296,6 +313,7 @@ BASE = {
     },
     "explain": {"model": "{model}", "node": "fc"},
     "rules": {},
+    "emulate": {"model": "{model}", "output": "{out}/emu.onnx"},
 }
 
 

@@ -565,7 +565,7 @@ def test_several_models_in_one_call(masked, resnet16, tmp_path):
         (
             ["--ignore", "AC1", "--ignore", "AC2", "--ignore", "AC9"],
             ["AC302", "AC402"],
-            ["AC301", "AC302", "AC303", "AC401", "AC402", "AC403"],
+            ["AC301", "AC302", "AC303", "AC401", "AC402", "AC403", "AC501", "AC502", "AC503"],
         ),
     ],
 )
@@ -608,6 +608,7 @@ def test_cli_flags_override_the_configuration(masked, tmp_path):
         "AC103",
         "AC104",
         "AC105",
+        "AC106",
     ]
     assert checks_in_force(masked, tmp_path, "--ignore", "AC401", process=False) == ["AC402", "AC403"]
 

@@ -505,7 +505,9 @@ OPTIMIZERS = {
     "ai.onnx.preview.training:Adagrad",
     "ai.onnx.preview.training:Momentum",
 }
-_CLEAR_PATH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Cast"}
+# what may stand between a gradient's reduction and its accumulator: data movement, casts, and the
+# unscaling by 1/scale
+_CLEAR_PATH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Cast", "Mul", "Div"}
 
 
 def _training(ctx):
@@ -614,7 +616,7 @@ def master_weights(ctx, check):
         for value in node.inputs:
             if value is None:
                 continue
-            dtype = value.dtype if value.dtype is not None else declared.get(value.name)
+            dtype = declared.get(value.name, value.dtype)  # a sequence input: its element type
             if dtype in LOW:
                 yield _model_diag(
                     ctx,

@@ -60,7 +60,7 @@ def parse_loss_scale(text) -> LossScale:
         value = float(word)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0 or value > np.finfo(np.float32).max:
+    if not math.isfinite(value) or value <= 0 or value > float(np.finfo(np.float32).max):
         raise AutocastError(
             f"--loss-scale must be dynamic, none or a finite number > 0, not {text!r}",
             "--loss-scale",
@@ -92,6 +92,12 @@ def refuse_loss_scale(training: TrainingGraph | None, scale: LossScale, where: s
             f"--loss-scale {scale} has nothing to scale: the model is {what}, with no backward pass",
             where,
             "drop --loss-scale; it applies to onnxruntime-training models (training_model.onnx)",
+        )
+    if training.loss_scale is not None:
+        raise AutocastError(
+            f"the model already has loss scaling ({training.loss_scale}): it was converted by autocast-onnx",
+            where,
+            "convert the original fp32 training model instead, or drop --loss-scale",
         )
     if training.kind != "ort-training" or training.seed is None:
         raise AutocastError(
@@ -142,7 +148,8 @@ def unscale_gradients(model: onnx.ModelProto, training: TrainingGraph, scale: Lo
         head.append(helper.make_node("Reciprocal", [LOSS_SCALE_INPUT], [inverse], name=inverse))
     else:
         inverse = fresh("loss_scale.inverse")
-        graph.initializer.append(numpy_helper.from_array(np.array(1.0 / scale.value, dtype=np.float32), inverse))
+        value = float(scale.value or 1.0)
+        graph.initializer.append(numpy_helper.from_array(np.array(1.0 / value, dtype=np.float32), inverse))
     flags = []
     accumulators = _accumulator_positions(graph, training)
     for position, acc in accumulators:

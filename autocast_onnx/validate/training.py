@@ -100,7 +100,7 @@ def _generated_batch(model: onnx.ModelProto, training: TrainingGraph, seed: int,
     rng = np.random.default_rng(seed)
     trained = set(training.parameters) | {a.buffer for a in training.accumulations} | {"lazy_reset_grad"}
     classes = _classes(model)
-    batch = {}
+    batch: dict[str, np.ndarray] = {}
     for vi in model.graph.input:
         if vi.name in trained or vi.name == LOSS_SCALE_INPUT:
             continue
