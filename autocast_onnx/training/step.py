@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import AutocastError
+from ..graph.training import ALL_FINITE_OUTPUT, LOSS_SCALE_INPUT
 from .scaler import DynamicLossScaler
 
 
@@ -40,17 +41,38 @@ class StepResult:
 
 
 class TrainingStep:
-    """See the module docstring. `loss_index` and `all_finite_index` are the positions of the
-    loss and all_finite among the training model's user outputs (autocast-onnx writes the loss
-    first and all_finite right after the model's own outputs; the defaults fit generate_artifacts
-    models with one loss output)."""
+    """See the module docstring. `loss_index` is the position of the loss among the training
+    model's user outputs (generate_artifacts writes it first); all_finite is found by name
+    (`all_finite_index` overrides that, for a module without output_names())."""
 
     def __init__(self, module, optimizer, scaler: DynamicLossScaler | None = None, *, loss_index: int = 0,
-                 all_finite_index: int = -1) -> None:  # fmt: skip
+                 all_finite_index: int | None = None) -> None:  # fmt: skip
         self.module = module
         self.optimizer = optimizer
         self.scaler = scaler
         self.loss_index = loss_index
+        inputs = list(module.input_names()) if hasattr(module, "input_names") else None
+        outputs = list(module.output_names()) if hasattr(module, "output_names") else None
+        if inputs is not None and scaler is not None and LOSS_SCALE_INPUT not in inputs:
+            raise AutocastError(
+                f"the training model has no {LOSS_SCALE_INPUT!r} input (its inputs: {', '.join(inputs)})",
+                "TrainingStep",
+                "convert it with --loss-scale dynamic, or pass scaler=None for a static scale",
+            )
+        if inputs is not None and scaler is None and LOSS_SCALE_INPUT in inputs:
+            raise AutocastError(
+                f"the training model takes a {LOSS_SCALE_INPUT!r} input: pass a DynamicLossScaler",
+                "TrainingStep",
+                "TrainingStep(module, optimizer, DynamicLossScaler())",
+            )
+        if all_finite_index is None:
+            if outputs is not None and ALL_FINITE_OUTPUT not in outputs:
+                raise AutocastError(
+                    f"the training model has no {ALL_FINITE_OUTPUT!r} output (its outputs: {', '.join(outputs)})",
+                    "TrainingStep",
+                    "use a training model converted by autocast-onnx with loss scaling (not --loss-scale none)",
+                )
+            all_finite_index = outputs.index(ALL_FINITE_OUTPUT) if outputs is not None else -1
         self.all_finite_index = all_finite_index
 
     def __call__(self, *inputs) -> StepResult:
