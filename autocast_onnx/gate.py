@@ -75,6 +75,18 @@ def check(
         rules=list(plan_options.rules),
     )
     validation = validation or ValidateOptions()
+    if not skip_validate:
+        from .graph.training import recognise
+        from .io import load_model
+
+        training = recognise(load_model(model, load_external=False).model)
+        if training is not None and training.accumulations:
+            raise AutocastError(
+                "check validates inference outputs; this is an onnxruntime-training training model",
+                str(model),
+                "pass --no-validate, and validate the training step with `autocast-onnx validate REFERENCE "
+                "CONVERTED` where onnxruntime-training is installed",
+            )
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.precision}.onnx"
         existed = output is not None and Path(output).exists()

@@ -417,3 +417,13 @@ def test_checker_accepts_ort_default_domain_training_ops_but_not_real_errors():
     broken.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(InternalCheckError):
         check_result(broken)
+
+
+def test_check_gates_a_training_model_without_validation_and_says_how_to_validate_it():
+    model = str(ARTIFACTS / "ln_gelu" / "training_model.onnx")
+    gated = invoke(["check", model, "--no-validate"])
+    assert_ok(gated)
+    assert "result: PASS" in gated.stdout
+    refused = invoke(["check", model])
+    assert refused.code == 2 and len(refused.lines()) == 1
+    assert "--no-validate" in refused.lines()[0] and "autocast-onnx validate" in refused.lines()[0]

@@ -22,7 +22,7 @@ Nothing here imports onnxruntime: the module and optimizer are passed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class StepResult:
     all_finite: bool
     scale: float | None  # the loss scale this step ran with (None: a static scale in the graph)
     skipped: bool  # the optimizer step was skipped (non-finite gradients)
-    outputs: tuple  # every user output of the training model, in order
+    outputs: tuple = field(repr=False)  # every user output of the training model, in order
 
 
 class TrainingStep:
