@@ -427,3 +427,16 @@ def test_check_gates_a_training_model_without_validation_and_says_how_to_validat
     refused = invoke(["check", model])
     assert refused.code == 2 and len(refused.lines()) == 1
     assert "--no-validate" in refused.lines()[0] and "autocast-onnx validate" in refused.lines()[0]
+
+
+def test_emulation_keeps_declared_types_as_fp32_for_ops_without_shape_inference():
+    """Regression: the emulation dropped every value_info, and onnxruntime-training crashed
+    creating a session for MaxPoolGrad (no shape inference) without its output's declared type.
+    Declared fp16 types now become fp32 instead of disappearing."""
+    converted = autocast_onnx.convert(training_model("cnn")).model
+    before = declared(converted, "value_info")
+    assert TensorProto.FLOAT16 in before.values()
+    emulated = declared(emulation_model(converted), "value_info")
+    assert set(emulated) == set(before) - set(declared(converted, "output"))
+    assert set(emulated.values()) == {F32}
+    assert emulated["/Relu_output_0_grad"] == F32  # MaxPoolGrad's output
