@@ -228,6 +228,8 @@ def _convert_loaded(
             where,
             "upgrade the model with onnx.version_converter first; autocast-onnx does not change the opset itself",
         )
+    if plan is not None and plan.training is not None:
+        loss_scale = _replayed_loss_scale(plan, loss_scale)
     training, scale = _training_setup(model, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where)
     if plan is None:
         rule_set = load_rules(list(rules))
@@ -281,6 +283,22 @@ def _convert_loaded(
         training=training,
         loss_scaling=scaling,
     )
+
+
+def _replayed_loss_scale(plan: PrecisionPlan, loss_scale):
+    """The loss scaling a replayed plan was made with (the plan's model fingerprint covers it)."""
+    training = plan.training or {}
+    scaling = training.get("loss_scaling", {})
+    if training.get("kind") != "ort-training" or (scaling.get("mode", "none") != "none" and "output" not in scaling):
+        return loss_scale  # no backward seed, or the scaling was already in the model
+    made = scaling.get("mode", "none")
+    if loss_scale is not None and str(parse_loss_scale(loss_scale)) != made:
+        raise AutocastError(
+            f"--loss-scale {loss_scale} contradicts the plan's loss scaling ({made})",
+            plan.source or "<plan>",
+            "drop --loss-scale; the plan decides it",
+        )
+    return made
 
 
 def _training_setup(model, loss_scale, keep_io_types, where: str):

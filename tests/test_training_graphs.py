@@ -440,3 +440,16 @@ def test_emulation_keeps_declared_types_as_fp32_for_ops_without_shape_inference(
     assert set(emulated) == set(before) - set(declared(converted, "output"))
     assert set(emulated.values()) == {F32}
     assert emulated["/Relu_output_0_grad"] == F32  # MaxPoolGrad's output
+
+
+def test_a_replayed_plan_brings_its_loss_scaling(tmp_path):
+    source = ARTIFACTS / "mlp" / "training_model.onnx"
+    for scale in ("dynamic", "128", "none"):
+        plan = tmp_path / f"{scale}.json"
+        first = autocast_onnx.convert_file(source, tmp_path / f"{scale}.onnx", plan_out=plan, loss_scale=scale)
+        assert json.loads(plan.read_text())["training"]["loss_scaling"]["mode"] == scale
+        again = autocast_onnx.convert(source, plan=plan)
+        assert again.model.SerializeToString() == first.model.SerializeToString()
+        other = "256" if scale != "256" else "dynamic"
+        with pytest.raises(AutocastError, match=f"--loss-scale {other} contradicts the plan's loss scaling"):
+            autocast_onnx.convert(source, plan=plan, loss_scale=other)

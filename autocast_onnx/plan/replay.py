@@ -109,7 +109,10 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
         clamp = {str(k): str(v) for k, v in dict(data.get("clamp_initializers", {})).items()}
     except (TypeError, ValueError) as exc:
         raise AutocastError(f'malformed "warnings" or "clamp_initializers": {exc}', where, _HINT) from None
-    return PrecisionPlan(
+    training = data.get("training")
+    if training is not None and not (isinstance(training, dict) and isinstance(training.get("loss_scaling"), dict)):
+        raise AutocastError('"training" must be an object with a "loss_scaling" object', where, _HINT)
+    plan = PrecisionPlan(
         target=target,
         keep_io_types=data["keep_io_types"],
         nodes=nodes,
@@ -118,6 +121,8 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
         clamp_initializers=clamp,
         fingerprint=fingerprint,
     )
+    plan.training = training
+    return plan
 
 
 def check_plan_fits(plan: PrecisionPlan, index: GraphIndex) -> None:
