@@ -15,7 +15,7 @@ import onnx
 from .catalog import load_rules
 from .errors import AutocastError
 from .graph import build_index
-from .graph.training import TrainingGraph, recognise
+from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
     LoadedModel,
     check_output_path,
@@ -230,7 +230,6 @@ def _convert_loaded(
         )
     if plan is not None and plan.training is not None:
         loss_scale = _replayed_loss_scale(plan, loss_scale)
-    training, scale = _training_setup(model, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where)
     if plan is None:
         rule_set = load_rules(list(rules))
         excl_nodes = compile_patterns(exclude_nodes, "--exclude-node")
@@ -238,6 +237,11 @@ def _convert_loaded(
     with _no_gc():
         t = time.perf_counter()
         index = build_index(model, where, loaded.path.parent if loaded.path else None)
+        training, scale = _training_setup(
+            model, index, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where
+        )
+        if scale is not None:  # the backward seed became the scale: index the graph as it is now
+            index = build_index(model, where, loaded.path.parent if loaded.path else None)
         bytes_before = _initializer_bytes(index)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -301,10 +305,11 @@ def _replayed_loss_scale(plan: PrecisionPlan, loss_scale):
     return made
 
 
-def _training_setup(model, loss_scale, keep_io_types, where: str):
+def _training_setup(model, index, loss_scale, keep_io_types, where: str):
     """Recognise a training graph and prepare its loss scaling: returns the TrainingGraph (None
-    for an inference graph) and the LossScale to finish after the plan is applied (None: none)."""
-    training = recognise(model)
+    for an inference graph) and the LossScale to finish after the plan is applied (None: none;
+    otherwise the model was changed and must be indexed again)."""
+    training = recognise(model) if might_be_training(index) else None
     scale = parse_loss_scale(loss_scale) if loss_scale is not None else None
     if scale is not None:
         refuse_loss_scale(training, scale, where)

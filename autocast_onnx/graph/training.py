@@ -97,6 +97,19 @@ def _is_one(tensor) -> bool:
     return values.size == 1 and bool(np.all(values == 1.0))
 
 
+def might_be_training(index) -> bool:
+    """A cheap test on the index (one pass over its main-graph ops) before `recognise` reads the
+    protobuf nodes: inference graphs, the common case, pay almost nothing."""
+    kinds = {(node.domain, node.op) for node in index.main.nodes}
+    for domain, op in kinds:
+        domain = "" if domain == "ai.onnx" else domain
+        if (domain, op) in LOSS_OPS or (domain, op) in ACCUMULATORS or domain == PREVIEW_TRAINING:
+            return True
+        if domain in ("", "com.microsoft") and (op.endswith("Grad") or "Grad_" in op):
+            return True
+    return False
+
+
 def recognise(model: onnx.ModelProto) -> TrainingGraph | None:
     """What kind of training graph `model` is, or None for an inference graph."""
     graph = model.graph
