@@ -184,15 +184,21 @@ def tensor_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
     return np.frombuffer(tensor_bytes(tensor, base_dir), dtype=dtype).reshape(tuple(tensor.dims))
 
 
-def _all_tensors_for_external(graph: onnx.GraphProto):
-    yield from graph.initializer
+def all_graphs(graph: onnx.GraphProto):
+    """`graph` and every body graph inside it (If/Loop/Scan attributes), outermost first."""
+    yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_tensors_for_external(attr.g)
+                yield from all_graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
-                    yield from _all_tensors_for_external(sub)
+                    yield from all_graphs(sub)
+
+
+def _all_tensors_for_external(graph: onnx.GraphProto):
+    for each in all_graphs(graph):
+        yield from each.initializer
 
 
 STDOUT: Final = "-"

@@ -540,28 +540,14 @@ def convert(
                 f"low-precision nodes; kept fp32: {kept}"
             )
         written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
-        if replay is not None:
-            result = convert_file(
-                model,
-                out,
-                plan_out=plan_out,
-                external_data=external_data,
-                check=check,
-                plan=replay,
-                loss_scale=loss_scale,
-            )
-        else:
-            result = convert_file(
-                model,
-                out,
-                plan_out=plan_out,
-                external_data=external_data,
-                check=check,
-                calibration=measured.calibration,
-                force_fp32=measured.force_fp32,
-                loss_scale=loss_scale,
-                **plan.convert_kwargs(),
-            )
+        planning = (
+            {"plan": replay}
+            if replay is not None
+            else {"calibration": measured.calibration, "force_fp32": measured.force_fp32, **plan.convert_kwargs()}
+        )
+        result = convert_file(
+            model, out, plan_out=plan_out, external_data=external_data, check=check, loss_scale=loss_scale, **planning
+        )
         echo(conversion_summary(result, model, out))
         if plan_out:
             echo(f"plan written to {'stdout' if str(plan_out) == '-' else plan_out}")

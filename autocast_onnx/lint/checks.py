@@ -106,8 +106,10 @@ class LintContext:
             return None
         return self._plan[node.id] in ("fp32", "unchanged")
 
-    def diag(self, check, node, message, value=None, tensor=None) -> Diagnostic:
-        protected = self.protected(node) if node is not None else None
+    def diag(self, check, node, message, value=None, tensor=None, judged: bool = True) -> Diagnostic:
+        """A finding at `node` (None: the model). `judged`: say whether the default rules would
+        protect the node (prospective mode); False for findings about what the model declares."""
+        protected = self.protected(node) if node is not None and judged else None
         severity = check.severity
         if protected:
             severity = "info"
@@ -516,22 +518,6 @@ def _training(ctx):
     return recognise(ctx.model)
 
 
-def _model_diag(ctx, check, message, node=None, tensor=None) -> Diagnostic:
-    return Diagnostic(
-        code=check.code,
-        name=check.name,
-        severity=check.severity,
-        message=message,
-        fix=check.fix,
-        node=node.label if node is not None else None,
-        op_type=node.op if node is not None else None,
-        graph=node.scope.path if node is not None else "main",
-        node_index=node.pos if node is not None else None,
-        model=ctx.path,
-        tensor=tensor,
-    )
-
-
 def gradient_accumulation(ctx, check):
     """Accumulators fed a low-precision gradient or buffer, and low-precision reductions whose
     result reaches an accumulator (through data movement only)."""
@@ -546,12 +532,12 @@ def gradient_accumulation(ctx, check):
         for port, what in ((0, "buffer"), (1, "gradient")):
             value = node.inputs[port] if port < len(node.inputs) else None
             if value is not None and value.dtype in LOW:
-                yield _model_diag(
-                    ctx,
+                yield ctx.diag(
                     check,
-                    f"{node.op} accumulates the {dtype_name(value.dtype)} {what} '{value.name}'",
                     node,
-                    value.name,
+                    f"{node.op} accumulates the {dtype_name(value.dtype)} {what} '{value.name}'",
+                    tensor=value.name,
+                    judged=False,
                 )
         # walk back from the gradient through data movement to a reduction
         value = node.inputs[1] if len(node.inputs) > 1 else None
@@ -582,9 +568,9 @@ def loss_scaling(ctx, check):
         return
     low = sum(1 for node in ctx.index.nodes if ctx.is_low(node))
     if low:
-        yield _model_diag(
-            ctx,
+        yield ctx.diag(
             check,
+            None,
             f"the backward pass starts from '{training.seed}' = 1 with no loss scaling, and {low} nodes compute in "
             f"{ctx.tname}: gradients below {ctx.tname}'s smallest subnormal become zero",
             tensor=training.seed,
@@ -607,8 +593,8 @@ def master_weights(ctx, check):
         for acc in training.accumulations:
             for name, what in ((acc.parameter, "parameter"), (acc.buffer, "gradient buffer")):
                 if name is not None and declared.get(name) in LOW:
-                    yield _model_diag(
-                        ctx, check, f"{what} '{name}' is a {dtype_name(declared[name])} graph input", tensor=name
+                    yield ctx.diag(
+                        check, None, f"{what} '{name}' is a {dtype_name(declared[name])} graph input", tensor=name
                     )
     for node in ctx.index.nodes:
         if _key(node) not in OPTIMIZERS:
@@ -618,12 +604,12 @@ def master_weights(ctx, check):
                 continue
             dtype = declared.get(value.name, value.dtype)  # a sequence input: its element type
             if dtype in LOW:
-                yield _model_diag(
-                    ctx,
+                yield ctx.diag(
                     check,
-                    f"{node.op} reads '{value.name}' as {dtype_name(dtype)}: optimizer state and weights must be fp32",
                     node,
-                    value.name,
+                    f"{node.op} reads '{value.name}' as {dtype_name(dtype)}: optimizer state and weights must be fp32",
+                    tensor=value.name,
+                    judged=False,
                 )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import onnx
 
 from ..errors import InternalCheckError
+from ..io import all_graphs
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
 _ORT_DOMAIN = "com.microsoft"
@@ -52,7 +53,7 @@ def _ort_default_domain_ops_moved(model) -> onnx.ModelProto | None:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     moved = 0
-    for node in _all_nodes(copy.graph):
+    for node in (n for g in all_graphs(copy.graph) for n in g.node):
         if node.domain in ("", "ai.onnx") and node.op_type in table and not onnx.defs.has(node.op_type):
             node.domain = _ORT_DOMAIN
             moved += 1
@@ -61,14 +62,3 @@ def _ort_default_domain_ops_moved(model) -> onnx.ModelProto | None:
     if not any(o.domain == _ORT_DOMAIN for o in copy.opset_import):
         copy.opset_import.add(domain=_ORT_DOMAIN, version=1)
     return copy
-
-
-def _all_nodes(graph):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _all_nodes(sub)
