@@ -309,7 +309,7 @@ def _training_setup(model, index, loss_scale, keep_io_types, where: str):
     """Recognise a training graph and prepare its loss scaling: returns the TrainingGraph (None
     for an inference graph) and the LossScale to finish after the plan is applied (None: none;
     otherwise the model was changed and must be indexed again)."""
-    training = recognise(model) if might_be_training(index) else None
+    training = recognise(model) if might_be_training(index, model) else None
     scale = parse_loss_scale(loss_scale) if loss_scale is not None else None
     if scale is not None:
         refuse_loss_scale(training, scale, where)

@@ -97,17 +97,16 @@ def _is_one(tensor) -> bool:
     return values.size == 1 and bool(np.all(values == 1.0))
 
 
-def might_be_training(index) -> bool:
-    """A cheap test on the index (one pass over its main-graph ops) before `recognise` reads the
+_TRAINING_OP_NAMES = frozenset(op for _, op in LOSS_OPS | ACCUMULATORS)
+
+
+def might_be_training(index, model: onnx.ModelProto) -> bool:
+    """A cheap test (one pass over the index's main-graph op names) before `recognise` reads the
     protobuf nodes: inference graphs, the common case, pay almost nothing."""
-    kinds = {(node.domain, node.op) for node in index.main.nodes}
-    for domain, op in kinds:
-        domain = "" if domain == "ai.onnx" else domain
-        if (domain, op) in LOSS_OPS or (domain, op) in ACCUMULATORS or domain == PREVIEW_TRAINING:
-            return True
-        if domain in ("", "com.microsoft") and (op.endswith("Grad") or "Grad_" in op):
-            return True
-    return False
+    if any(o.domain == PREVIEW_TRAINING for o in model.opset_import):
+        return True
+    ops = {node.op for node in index.main.nodes}
+    return bool(ops & _TRAINING_OP_NAMES) or any(op.endswith("Grad") or "Grad_" in op for op in ops)
 
 
 def recognise(model: onnx.ModelProto) -> TrainingGraph | None:
