@@ -453,3 +453,19 @@ def test_a_replayed_plan_brings_its_loss_scaling(tmp_path):
         other = "256" if scale != "256" else "dynamic"
         with pytest.raises(AutocastError, match=f"--loss-scale {other} contradicts the plan's loss scaling"):
             autocast_onnx.convert(source, plan=plan, loss_scale=other)
+
+
+def test_validating_a_training_step_without_onnxruntime_training_says_what_to_install(tmp_path):
+    from autocast_onnx.validate.training import has_training_runtime
+
+    if has_training_runtime():
+        pytest.skip("this environment has onnxruntime-training; test_training_runtime.py covers it")
+    model = str(ARTIFACTS / "mlp" / "training_model.onnx")
+    for args in (
+        ["convert", model, "-o", str(tmp_path / "o.onnx"), "--validate"],
+        ["validate", model, model],
+    ):
+        outcome = invoke(args)
+        assert outcome.code == 2 and len(outcome.lines()) == 1, outcome.stderr
+        assert "needs onnxruntime-training" in outcome.lines()[0] and "torch==2.13.0" in outcome.lines()[0]
+    assert not (tmp_path / "o.onnx").exists()

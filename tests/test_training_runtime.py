@@ -14,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -182,6 +183,7 @@ def test_validate_compares_one_training_step(folders, name, tmp_path):
     assert outcome.exit_code == 0, outcome.output
     assert "PASS" in outcome.output and "cosine" in outcome.output
     data = json.loads(report.read_text())
+    jsonschema.validate(data, json.loads((ROOT / "docs" / "training-step-report.schema.json").read_text()))
     assert data["all_finite"] is True and data["parameters_from"] == "checkpoint"
     for gradient in data["gradients"].values():
         assert gradient["cosine"] > 0.99 and gradient["nonfinite"] == 0 and gradient["underflow"] <= 0.01
@@ -222,3 +224,20 @@ def test_loss_scaling_saves_small_gradients_from_underflow(folders):
     tiny, one, scaled = underflow(2.0**-8), underflow(1.0), underflow(2.0**16)
     assert tiny > 0.01 and tiny > one > 0
     assert scaled == 0.0
+
+
+def test_convert_validate_runs_the_training_step_and_refuses_inference_thresholds(tmp_path):
+    from click.testing import CliRunner
+
+    from autocast_onnx.cli.main import cli
+
+    model = str(ARTIFACTS / "ln_gelu" / "training_model.onnx")
+    report = tmp_path / "r.json"
+    args = ["convert", model, "-o", str(tmp_path / "o.onnx"), "--validate", "--report-json", str(report)]
+    outcome = CliRunner().invoke(cli, args)
+    assert outcome.exit_code == 0, outcome.output
+    assert "training graph:" in outcome.output and "PASS: every gradient finite" in outcome.output
+    assert json.loads(report.read_text())["kind"] == "training-step"
+    refused = CliRunner().invoke(cli, ["convert", model, "-o", str(tmp_path / "p.onnx"), "--validate", "--atol", "1"])
+    assert refused.exit_code == 2 and "--atol cannot be used when validating a training step" in refused.output
+    assert not (tmp_path / "p.onnx").exists()

@@ -522,7 +522,13 @@ def convert(
             # convert_file checks -o and --plan-out against the input's data files itself
             model_inputs=[model] if run_validate else [],
         )
-        if run_validate:
+        training_step = run_validate and _is_training_model(model)
+        if training_step:
+            _refuse_for_training_step(
+                ctx, _given(ctx, [*_COMPARE_ONLY, *_INPUT_OPTIONS, "device", "calibration_data", "targets"])
+            )
+            _require_training_runtime(model)
+        elif run_validate:
             precheck(model, options)
         measured = plan_on_data(
             model,
@@ -553,6 +559,9 @@ def convert(
             echo(f"plan written to {'stdout' if str(plan_out) == '-' else plan_out}")
         if not run_validate:
             return True
+        if training_step:
+            echo("")
+            return _training_step(model, out, options, echo, report_json)
         from ..report.validation import validation_text
         from ..validate.core import validate as run_validation
 
@@ -645,36 +654,23 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
 
     def training_body(written) -> bool:
         from ..io import check_outputs
-        from ..validate.training import training_step_text, validate_training_step
-
-        given = [name for name in _given(ctx, list(kw)) if name not in ("--inputs", "--seed", "--report-json")]
-        if given:
-            raise AutocastError(
-                f"{', '.join(given)} cannot be used when validating a training step",
-                str(reference),
-                "a training step is validated with --inputs or --seed, and --report-json",
-            )
         from ..options import validate_options
 
+        _refuse_for_training_step(ctx, _given(ctx, list(kw)))
         settings, config_file = _setup(config, verbose)
         options = validate_options(settings, **kw)
         check_outputs([("--report-json", report_json)], [reference, converted, options.inputs, config_file])
         written.track(report_json)
-        report = validate_training_step(reference, converted, inputs=options.inputs, seed=options.seed)
-        if not quiet:
-            click.echo(training_step_text(report), err=_to_stdout(report_json))
-        if report_json is not None:
-            _write_or_echo(json.dumps(report, indent=1), report_json)
-        return report["passed"]
+
+        def echo(text=""):
+            if not quiet:
+                click.echo(text, err=_to_stdout(report_json))
+
+        return _training_step(reference, converted, options, echo, report_json)
 
     def body(written):
-        from ..graph.training import recognise
-        from ..io import load_model
-
-        if Path(reference).is_file():
-            training = recognise(load_model(reference).model)
-            if training is not None and training.accumulations:
-                return training_body(written)
+        if _is_training_model(reference):
+            return training_body(written)
         from ..io import check_outputs
         from ..options import validate_options
         from ..report.validation import validation_text
@@ -696,6 +692,45 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
 
     passed = run_guarded(body, doing="validating", subject=f"{converted} against {reference}")
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+def _is_training_model(path) -> bool:
+    """Whether `path` is an onnxruntime-training training model (its validation is one step)."""
+    from ..graph.training import recognise
+    from ..io import load_model
+
+    if not Path(path).is_file():
+        return False
+    training = recognise(load_model(path, load_external=False).model)
+    return training is not None and bool(training.accumulations)
+
+
+def _refuse_for_training_step(ctx, given) -> None:
+    refused = [name for name in given if name not in ("--inputs", "--seed", "--report-json")]
+    if refused:
+        raise AutocastError(
+            f"{', '.join(refused)} cannot be used when validating a training step",
+            ctx.info_name,
+            "a training step is validated with --inputs or --seed, and --report-json",
+        )
+
+
+def _require_training_runtime(model) -> None:
+    from ..validate.training import HINT, has_training_runtime
+
+    if not has_training_runtime():
+        raise AutocastError("validating a training step needs onnxruntime-training", str(model), HINT)
+
+
+def _training_step(reference, converted, options, echo, report_json) -> bool:
+    """One training step of each model, compared gradient by gradient (validate/training.py)."""
+    from ..validate.training import training_step_text, validate_training_step
+
+    report = validate_training_step(reference, converted, inputs=options.inputs, seed=options.seed)
+    echo(training_step_text(report))
+    if report_json is not None:
+        _write_or_echo(json.dumps(report, indent=1), report_json)
+    return report["passed"]
 
 
 def _write_or_echo(text: str, output) -> None:
