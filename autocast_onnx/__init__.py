@@ -13,6 +13,7 @@ from .gate import CheckResult, check
 from .options import PlanOptions
 from .pipeline import ConversionResult, DataPlanning, convert, convert_file, plan_on_data
 from .plan import PrecisionPlan
+from .validate.diagnose import diagnose_files as diagnose
 
 __all__ = [
     "AutocastError",
@@ -25,5 +26,6 @@ __all__ = [
     "check",
     "convert",
     "convert_file",
+    "diagnose",
     "plan_on_data",
 ]

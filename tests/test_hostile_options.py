@@ -28,7 +28,7 @@ from onnx import helper
 from autocast_onnx.cli.main import cli
 
 PREFIX = "autocast-onnx: error: "
-COMMANDS = ["convert", "validate", "lint", "check", "explain", "rules", "emulate"]
+COMMANDS = ["convert", "validate", "lint", "check", "explain", "rules", "emulate", "diagnose"]
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,34 @@ HOSTILE = {
         "quiet": NO_VALUE,
         "verbose": NO_VALUE,
     },
+    "diagnose": {
+        "reference": INPUT_FILE,
+        "converted": INPUT_FILE,
+        "inputs": BATCHES,
+        "dims": VALIDATION["dims"],
+        "ranges": VALIDATION["ranges"],
+        "seed": VALIDATION["seed"],
+        "plan_file": {
+            "empty": "",
+            "directory": "{dir}",
+            "missing": "{missing}",
+            "not_a_plan": "{text}",
+            "a_model": "{model}",
+        },
+        "top": {
+            "negative": "-1",
+            "zero": "0",
+            "nan": "nan",
+            "inf": "inf",
+            "huge": str(10**30),
+            "not_a_number": "abc",
+            "empty": "",
+        },
+        "report_json": OUTPUT | {"same_as_other": "{out}/r.html"},
+        "report_html": OUTPUT | {"same_as_other": "{out}/r.json"},
+        "quiet": NO_VALUE,
+        "verbose": NO_VALUE,
+    },
 }
 
 # The valid run each hostile value is put into (one value replaced or added at a time): fast
@@ -314,6 +342,12 @@ BASE = {
     "explain": {"model": "{model}", "node": "fc"},
     "rules": {},
     "emulate": {"model": "{model}", "output": "{out}/emu.onnx"},
+    "diagnose": {
+        "reference": "{model}",
+        "converted": "{model}",
+        "report_json": "{out}/r.json",
+        "report_html": "{out}/r.html",
+    },
 }
 
 

@@ -694,6 +694,81 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
 
 
+@cli.command()
+@click.argument("reference", type=PATH)
+@click.argument("converted", type=PATH)
+@click.option("--inputs", type=PATH, help="An .npz file (or a folder of them; the first batch is used).")
+@click.option("--dim", "dims", multiple=True, type=TEXT, help="Value of a symbolic dimension, NAME=VALUE (repeatable).")
+@click.option(
+    "--input-range", "ranges", multiple=True, type=TEXT, help="Range of generated values, NAME=LO:HI (repeatable)."
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**32 - 1),
+    default=0,
+    show_default=True,
+    help="Seed for generated inputs (0 to 2**32-1).",
+)
+@click.option(
+    "--plan",
+    "plan_file",
+    type=PATH,
+    help="The plan CONVERTED was made with (--plan-out), for categories and reasons [default: the default rules].",
+)
+@click.option(
+    "--top", type=click.IntRange(1, 1_000_000), default=10, show_default=True, help="Nodes listed per output."
+)
+@click.option("--report-json", type=PATH, help="Write the full report as JSON ('-': stdout).")
+@click.option("--report-html", type=PATH, help="Write a self-contained HTML report with error-by-depth plots.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing.")
+@verbose_option
+@click.pass_context
+def diagnose(ctx, reference, converted, inputs, dims, ranges, seed, plan_file, top, report_json, report_html, quiet,
+             verbose) -> None:  # fmt: skip
+    """Find the nodes whose rounding makes CONVERTED's error, in one pass.
+
+    Runs REFERENCE (fp32) and CONVERTED's emulation once on the same batch and, for every node,
+    estimates the error it introduces itself (computed from exact inputs as CONVERTED computes
+    it), the error it receives and the error it produces; per output, ranks the nodes it depends
+    on by the error they introduce."""
+
+    def body(written):
+        from ..io import check_outputs
+        from ..report.diagnose import diagnose_html, diagnose_text
+        from ..validate.diagnose import diagnose_files
+        from ..validate.inputs import parse_assignments, parse_ranges
+
+        if inputs is not None:
+            _refuse_unused(ctx, ("dims", "ranges", "seed"), "with --inputs (nothing is generated)", "drop them")
+        _setup(None, verbose)
+        check_outputs(
+            [("--report-json", report_json), ("--report-html", report_html)],
+            [reference, converted, inputs, plan_file],
+            model_inputs=[reference, converted],
+        )
+        written.track(report_json, report_html)
+        report = diagnose_files(
+            reference,
+            converted,
+            inputs=inputs,
+            dims=parse_assignments(dims, "dim"),
+            ranges=parse_ranges(ranges),
+            seed=seed,
+            plan=plan_file,
+            top=top,
+        )
+        if not quiet:
+            click.echo(diagnose_text(report), err=_to_stdout(report_json, report_html))
+        if report_json is not None:
+            _write_or_echo(json.dumps(report, indent=1), report_json)
+        if report_html is not None:
+            _write_or_echo(diagnose_html(report), report_html)
+        return True
+
+    run_guarded(body, doing="diagnosing", subject=f"{converted} against {reference}")
+    sys.exit(EXIT_OK)
+
+
 def _is_training_model(path) -> bool:
     """Whether `path` is an onnxruntime-training training model (its validation is one step)."""
     from ..graph.training import recognise

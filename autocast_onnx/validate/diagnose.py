@@ -1,0 +1,308 @@
+"""Stage: validate / error attribution (`autocast-onnx diagnose`). Where does a converted model's
+error come from, when no tensor leaves the fp16 range?
+
+One pass over the reference (fp32) model R and the emulation E of the converted model C (see
+emulate.py), on the same batch. For every node of R that C keeps (matched by name and op type):
+
+  introduced  the error the node makes itself: the node computed as C computes it (inputs
+              rounded to fp16 where C feeds them fp16, output rounded where C produces fp16)
+              from the *exact* fp32 inputs, against its fp32 output;
+  received    the error already in its inputs in E's full run;
+  produced    the error of its outputs in E's full run (so produced / received is how much the
+              node amplifies what it receives).
+
+Errors are relative L2 errors, ||x - ref|| / ||ref||, over the batch. Per graph output, the
+nodes it depends on are ranked by the error they introduce: the node at the top is where
+rounding hurts most, and the depth profile (the largest produced error at each graph depth)
+shows where the error is born and how it grows. A node with If/Loop/Scan bodies counts as one
+unit: its introduced error is estimated as produced minus received.
+
+Memory stays bounded: tensors are captured GROUP at a time (as calibration does), and the
+"local" model that recomputes nodes from exact inputs is built for GROUP nodes at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, dtype_name
+from ..errors import AutocastError
+from ..graph import build_index
+from . import runner
+from .emulate import emulation_model
+
+GROUP = 96
+LOW = (FLOAT16, BFLOAT16)
+TINY = 1e-30
+
+
+@dataclass
+class NodeError:
+    name: str
+    op_type: str
+    precision: str  # as the converted model computes it
+    depth: int
+    introduced: float = 0.0
+    received: float = 0.0
+    produced: float = 0.0
+    category: str | None = None
+    reason: str | None = None
+    outputs: list = field(default_factory=list)  # the graph outputs that depend on this node
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "op_type": self.op_type,
+            "precision": self.precision,
+            "depth": self.depth,
+            "introduced": self.introduced,
+            "received": self.received,
+            "produced": self.produced,
+            "amplification": (self.produced / self.received) if self.received > 0 else None,
+            "category": self.category,
+            "reason": self.reason,
+            "outputs": self.outputs,
+        }
+
+
+def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """||got - ref|| / ||ref|| in float64; inf when got is not finite where ref is."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if got.shape != ref.shape:
+        return float("inf")
+    finite = np.isfinite(ref)
+    if not np.isfinite(got[finite]).all():
+        return float("inf")
+    diff = np.where(finite, got - ref, 0.0)
+    norm = float(np.linalg.norm(np.where(finite, ref, 0.0)))
+    err = float(np.linalg.norm(diff))
+    return err / norm if norm > TINY else err
+
+
+def _capture(model: onnx.ModelProto, names: list[str], types: dict, batch: dict, device: str) -> dict:
+    """name -> array for `names` (tensors of `model`), GROUP tensors per session."""
+    out: dict[str, np.ndarray] = {}
+    feeds = {i.name: batch[i.name] for i in model.graph.input if i.name in batch}
+    for start in range(0, len(names), GROUP):
+        group = names[start : start + GROUP]
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        del probe.graph.output[:]
+        for name in group:
+            probe.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
+        sess = runner.session(probe.SerializeToString(), device)
+        out.update(zip(group, runner.run(sess, feeds)))
+        del sess
+    return out
+
+
+def _local_model(ref: onnx.ModelProto, nodes: list, low_in: dict, low_out: dict, types: dict, opsets) -> tuple:
+    """A model that recomputes `nodes` (NodeProtos of R) from graph inputs holding R's exact
+    tensors, rounding inputs and outputs where the converted model holds them in low precision.
+    Returns (model, {node name: [(R output name, local output name)]}, [input names])."""
+    inputs: dict[str, int] = {}
+    body: list = []
+    results: dict[str, list] = {}
+    for k, node in enumerate(nodes):
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        del new.input[:]
+        del new.output[:]
+        before, after, outs = [], [], []
+        for port, name in enumerate(node.input):
+            if name:
+                inputs.setdefault(name, types[name])
+            low = low_in.get((node.name, port)) if name else None
+            if low is None:
+                new.input.append(name)
+                continue
+            rounded, wide = f"__dx{k}_in{port}_low", f"__dx{k}_in{port}"
+            before.append(helper.make_node("Cast", [name], [rounded], to=low))
+            before.append(helper.make_node("Cast", [rounded], [wide], to=FLOAT))
+            new.input.append(wide)
+        for port, name in enumerate(node.output):
+            if not name:
+                new.output.append("")
+                continue
+            raw = f"__dx{k}_out{port}"
+            new.output.append(raw)
+            if types.get(name) not in MIXABLE:
+                continue
+            low = low_out.get((node.name, port))
+            if low is None:
+                outs.append((name, raw))
+                continue
+            rounded, final = f"{raw}_low", f"{raw}_final"
+            after.append(helper.make_node("Cast", [raw], [rounded], to=low))
+            after.append(helper.make_node("Cast", [rounded], [final], to=FLOAT))
+            outs.append((name, final))
+        body.extend([*before, new, *after])
+        results[node.name] = outs
+    graph_inputs = [helper.make_tensor_value_info(n, t, None) for n, t in inputs.items()]
+    graph_outputs = [
+        helper.make_tensor_value_info(local, FLOAT, None) for outs in results.values() for _, local in outs
+    ]
+    graph = helper.make_graph(body, "local", graph_inputs, graph_outputs)
+    model = helper.make_model(graph, opset_imports=list(opsets), ir_version=ref.ir_version)
+    return model, results, list(inputs)
+
+
+def diagnose(reference, converted, *, batch: dict, device: str = "cpu", plan=None, top: int = 10) -> dict:
+    """Error attribution of `converted` (a ModelProto) against `reference` (its fp32 source) on one
+    `batch` (input name -> array). `plan` (a PrecisionPlan of the reference) adds categories and
+    reasons. Returns the report: per node errors, per output rankings and depth profiles."""
+    ref_index = build_index(onnx.ModelProto.FromString(reference.SerializeToString()), "<reference>")
+    conv_index = build_index(onnx.ModelProto.FromString(converted.SerializeToString()), "<converted>")
+    emulated = emulation_model(converted, "<converted>")
+    conv_nodes = {(n.name, n.op): n for n in conv_index.main.nodes if n.name}
+    ref_types = {v.name: v.dtype for v in ref_index.main.values.values()}
+    emu_types = {v.name: v.dtype for v in build_index(emulated, "<emulated>").main.values.values()}
+
+    # depth (longest path from the inputs) and, per graph output, the nodes it depends on
+    depth: dict[str, int] = {}
+    for node in ref_index.main.order or ref_index.main.nodes:
+        d = 0
+        for value in node.inputs:
+            if value is not None and value.producer is not None:
+                d = max(d, depth.get(value.producer.name, 0) + 1)
+        depth[node.name] = d
+    outputs = [v.name for v in ref_index.main.outputs if v.dtype in MIXABLE]
+    ancestors: dict[str, set] = {}
+    for out in outputs:
+        seen: set = set()
+        stack = [ref_index.main.values[out].producer]
+        while stack:
+            node = stack.pop()
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            stack.extend(v.producer for v in node.inputs if v is not None)
+        ancestors[out] = seen
+
+    plan_nodes = {}
+    if plan is not None:
+        for entry in plan.nodes:
+            if entry.graph == "main":
+                plan_nodes[entry.name] = entry
+
+    # tensors to compare: every float tensor of R that E also holds as fp32
+    float_names = [n for n, t in ref_types.items() if t in MIXABLE and emu_types.get(n) == FLOAT]
+    node_tensors = [n for n in float_names if ref_index.main.values[n].kind == "node"]
+    ref_values = _capture(reference, node_tensors, ref_types, batch, device)
+    for name in float_names:
+        if ref_index.main.values[name].kind == "input" and name in batch:
+            ref_values[name] = batch[name]
+        elif ref_index.main.values[name].kind == "initializer":
+            init = ref_index.main.values[name].initializer
+            ref_values[name] = onnx.numpy_helper.to_array(init)
+    emu_values = _capture(emulated, node_tensors, emu_types, batch, device)
+    tensor_error = {n: relative_error(emu_values[n], ref_values[n]) for n in emu_values}
+
+    errors: dict[str, NodeError] = {}
+    local_candidates = []
+    low_in: dict = {}
+    low_out: dict = {}
+    for node in ref_index.main.nodes:
+        conv = conv_nodes.get((node.name, node.op))
+        if not node.name or conv is None:
+            continue
+        in_types = [v.dtype if v is not None else None for v in conv.inputs]
+        out_types = [v.dtype if v is not None else None for v in conv.outputs]
+        low = next((t for t in in_types + out_types if t in LOW), None)
+        precision = dtype_name(low) if low is not None else "fp32"
+        entry = NodeError(node.name, node.op, precision, depth.get(node.name, 0))
+        entry.received = max(
+            (tensor_error.get(v.name, 0.0) for v in node.inputs if v is not None and v.dtype in MIXABLE), default=0.0
+        )
+        entry.produced = max(
+            (tensor_error.get(v.name, 0.0) for v in node.outputs if v is not None and v.dtype in MIXABLE),
+            default=0.0,
+        )
+        entry.outputs = [o for o in outputs if node.name in ancestors[o]]
+        planned = plan_nodes.get(node.name)
+        if planned is not None:
+            entry.category = planned.category
+            entry.reason = planned.reasons[-1].text() if planned.reasons else None
+        errors[node.name] = entry
+        if low is None:
+            continue  # fp32 from its inputs: it adds no rounding of its own
+        if node.subscopes:
+            entry.introduced = max(0.0, entry.produced - entry.received)
+            continue
+        for port, t in enumerate(in_types):
+            if t in LOW:
+                low_in[(node.name, port)] = t
+        for port, t in enumerate(out_types):
+            if t in LOW:
+                low_out[(node.name, port)] = t
+        local_candidates.append(node)
+
+    opsets = [helper.make_opsetid(o.domain, o.version) for o in reference.opset_import]
+    for start in range(0, len(local_candidates), GROUP):
+        group = local_candidates[start : start + GROUP]
+        model, results, needed = _local_model(reference, [n.proto for n in group], low_in, low_out, ref_types, opsets)
+        missing = [n for n in needed if n not in ref_values]
+        if missing:
+            ref_values.update(_capture(reference, missing, ref_types, batch, device))
+        sess = runner.session(model.SerializeToString(), device, optimize=False)
+        feeds = {n: np.asarray(ref_values[n]) for n in needed}
+        got = dict(zip([o.name for o in model.graph.output], runner.run(sess, feeds)))
+        for node in group:
+            errs = [relative_error(got[local], ref_values[r]) for r, local in results[node.name] if r in ref_values]
+            errors[node.name].introduced = max(errs, default=0.0)
+        del sess
+
+    ranking = {}
+    profile = {}
+    for out in outputs:
+        related = [e for e in errors.values() if out in e.outputs]
+        related.sort(key=lambda e: (-e.introduced, e.depth))
+        ranking[out] = [e.name for e in related]
+        by_depth: dict[int, float] = {}
+        for e in related:
+            by_depth[e.depth] = max(by_depth.get(e.depth, 0.0), e.produced)
+        profile[out] = sorted(by_depth.items())
+    return {
+        "kind": "diagnose",
+        "outputs": {o: {"error": tensor_error.get(o, 0.0), "ranking": ranking[o][:top]} for o in outputs},
+        "nodes": [e.to_dict() for e in sorted(errors.values(), key=lambda e: e.depth)],
+        "profiles": {o: [[d, v] for d, v in profile[o]] for o in outputs},
+        "top": top,
+    }
+
+
+def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None, seed: int = 0, plan=None,
+                   top: int = 10) -> dict:  # fmt: skip
+    """`autocast-onnx diagnose`: attribution of CONVERTED's error against REFERENCE (paths) on one
+    batch: the first batch of `inputs` (an .npz file or folder), else one generated from `dims`,
+    `ranges` and `seed` as validate does. `plan` (a plan file or PrecisionPlan of REFERENCE) gives
+    categories and reasons; without it they come from the default rules."""
+    from ..io import load_model
+    from ..pipeline import convert
+    from ..plan import PrecisionPlan
+    from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
+
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise AutocastError(f"--top must be a whole number >= 1, not {top!r}", "--top", "e.g. --top 10")
+    ref = load_model(reference).model
+    conv = load_model(converted).model
+    specs = describe_inputs(ref)
+    if inputs is not None:
+        check_batches(inputs, specs)
+        batch = load_batches(inputs, specs)[0]
+    else:
+        batch = generate(plan_inputs(specs, dims or {}, ranges or {}), seed=seed)
+    if plan is None:
+        plan = convert(ref, check="none").plan
+        reasons = "default rules"
+    else:
+        plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
+        reasons = plan.source or "plan"
+    report = diagnose(ref, conv, batch=batch, plan=plan, top=top)
+    report.update(reference=str(reference), converted=str(converted), reasons_from=reasons)
+    return report
