@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..plan.model import PRECISIONS
+from .cost import conversion_cost, cost_line
 
 CATEGORY_ORDER = ("low_precision", "follow", "keep_fp32", "clear", "non_float", "control_flow")
 
@@ -40,6 +41,7 @@ def summary_dict(result) -> dict:
         "clamped_values": result.stats.clamped_values,
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
         "training": plan.training,
+        "cost": conversion_cost(result),
     }
 
 
@@ -64,6 +66,7 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         f" (+{s['initializer_copies']} copies)  dtype attributes retargeted: {s['attributes_retargeted']}"
     )
     lines.append(f"initializer bytes: {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}")
+    lines.append(cost_line(s["cost"]))
     stats = result.stats
     if plan.training is not None:
         lines.extend(_training_lines(plan.training))

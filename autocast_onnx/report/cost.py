@@ -1,0 +1,142 @@
+"""Stage: report. What a plan costs and buys, without a GPU: the casts the conversion added and
+the bytes they move per inference, and the share of MatMul/Gemm/Conv work (multiply-accumulates)
+that runs in low precision. Shapes come from ONNX shape inference on the converted model, with
+every symbolic dimension set to 1 (so figures are per unit of batch, sequence, ...); what has no
+known shape is counted apart, never guessed. Inference on the model as it is (a model of 20,000
+nodes takes well under a second)."""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import TensorProto
+
+LIMIT_NODES = 20_000  # above this, shape inference would cost as much as the conversion
+_BYTES = {
+    TensorProto.FLOAT: 4,
+    TensorProto.FLOAT16: 2,
+    TensorProto.BFLOAT16: 2,
+    TensorProto.DOUBLE: 8,
+    TensorProto.INT64: 8,
+    TensorProto.INT32: 4,
+    TensorProto.BOOL: 1,
+}
+MAC_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+
+
+def _shapes(model: onnx.ModelProto) -> dict:
+    """name -> (elem_type, shape tuple or None) for the main graph, named dims counted as 1."""
+    try:
+        probe = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # inference is best effort: unknown shapes are reported as unknown
+        pass
+    out: dict[str, tuple] = {}
+    # the model's own dimension names (batch, sequence) count as 1; names inference makes up for
+    # dimensions it could not work out (unk__0, ...) leave the shape unknown
+    named = {d.dim_param for vi in list(model.graph.input) + list(model.graph.output)
+             for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}  # fmt: skip
+    infos = list(probe.graph.input) + list(probe.graph.value_info) + list(probe.graph.output)
+    for t in probe.graph.initializer:
+        out[t.name] = (t.data_type, tuple(t.dims))
+    for vi in infos:
+        tt = vi.type.tensor_type
+        dims = list(tt.shape.dim) if tt.HasField("shape") else []
+        known = tt.HasField("shape") and all(d.HasField("dim_value") or d.dim_param in named for d in dims)
+        out[vi.name] = (
+            tt.elem_type,
+            tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims) if known else None,
+        )
+    return out
+
+
+def _macs(node, shapes) -> int | None:
+    def shape(i):
+        if i >= len(node.input) or not node.input[i]:
+            return None
+        return shapes.get(node.input[i], (None, None))[1]
+
+    a, b = shape(0), shape(1)
+    out = shapes.get(node.output[0], (None, None))[1] if node.output else None
+    if a is None or b is None:
+        return None
+    if node.op_type == "MatMul" and len(a) >= 1 and len(b) >= 1 and out is not None:
+        k = a[-1]
+        return math.prod(out) * k
+    if node.op_type == "Gemm" and len(a) == 2 and len(b) == 2:
+        trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
+        trans_b = next((x.i for x in node.attribute if x.name == "transB"), 0)
+        m, k = (a[1], a[0]) if trans_a else a
+        n = b[0] if trans_b else b[1]
+        return m * k * n
+    if node.op_type == "Conv" and out is not None and len(b) >= 2:
+        return math.prod(out) * math.prod(b[1:])
+    if node.op_type == "ConvTranspose" and len(a) >= 2 and len(b) >= 2:
+        return math.prod(a) * math.prod(b[1:])
+    return None
+
+
+def conversion_cost(result) -> dict:
+    """Casts added and bytes they move, and the low-precision share of MACs, for a
+    ConversionResult (main graph)."""
+    model, plan = result.model, result.plan
+    if len(model.graph.node) > LIMIT_NODES:
+        return {"computed": False, "why": f"over {LIMIT_NODES:,} nodes: shape inference would double the time"}
+    shapes = _shapes(model)
+    original = {n.name for n in plan.nodes if n.graph == "main"}
+    precision = {n.name: n.precision for n in plan.nodes if n.graph == "main"}
+    casts = [n for n in model.graph.node if n.op_type == "Cast" and n.name not in original]
+    cast_bytes, unknown_casts = 0, 0
+    for node in casts:
+        src = shapes.get(node.input[0], (None, None))
+        dst_type = next((a.i for a in node.attribute if a.name == "to"), None)
+        if src[1] is None or src[0] not in _BYTES or dst_type not in _BYTES:
+            unknown_casts += 1
+            continue
+        cast_bytes += math.prod(src[1]) * (_BYTES[src[0]] + _BYTES[dst_type])
+    macs_low = macs_total = 0
+    unknown_macs = 0
+    for node in model.graph.node:
+        if node.op_type not in MAC_OPS or node.name not in original:
+            continue
+        macs = _macs(node, shapes)
+        if macs is None:
+            unknown_macs += 1
+            continue
+        macs_total += macs
+        if precision.get(node.name) in ("fp16", "bf16"):
+            macs_low += macs
+    return {
+        "computed": True,
+        "casts": len(casts),
+        "cast_bytes": cast_bytes,
+        "casts_unknown_size": unknown_casts,
+        "macs": macs_total,
+        "macs_low_precision": macs_low,
+        "mac_nodes_unknown_shape": unknown_macs,
+        "symbolic_dims": 1,
+    }
+
+
+def cost_line(cost: dict) -> str:
+    if not cost.get("computed"):
+        return f"cast and compute cost: not computed ({cost.get('why')})"
+
+    def size(n: int) -> str:
+        for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+            if n >= scale:
+                return f"{n / scale:.2f} {unit}"
+        return f"{n} B"
+
+    share = f"{cost['macs_low_precision'] / cost['macs'] * 100:.1f}%" if cost["macs"] else "n/a"
+    unknown = []
+    if cost["casts_unknown_size"]:
+        unknown.append(f"{cost['casts_unknown_size']} casts")
+    if cost["mac_nodes_unknown_shape"]:
+        unknown.append(f"{cost['mac_nodes_unknown_shape']} MatMul/Gemm/Conv")
+    tail = f"; shapes unknown for {', '.join(unknown)}" if unknown else ""
+    return (
+        f"cast traffic: {cost['casts']} casts move {size(cost['cast_bytes'])} per inference; "
+        f"low-precision share of MatMul/Gemm/Conv work: {share} of {cost['macs']:,} MACs "
+        f"(symbolic dims = 1{tail})"
+    )
