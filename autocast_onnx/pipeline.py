@@ -471,7 +471,14 @@ class DataPlanning:
 
 
 def plan_on_data(
-    model: str | os.PathLike, plan_options=None, *, calibration_data=None, targets=(), validation=None, progress=None
+    model: str | os.PathLike,
+    plan_options=None,
+    *,
+    calibration_data=None,
+    targets=(),
+    validation=None,
+    progress=None,
+    note=None,
 ) -> DataPlanning:
     """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
     of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
@@ -514,6 +521,12 @@ def plan_on_data(
             in_plan = plan_inputs(specs, validation.dims, validation.ranges)
             batches = [generate(in_plan, seed=validation.seed + k) for k in range(validation.batches)]
         out.force_fp32, out.search_log = search(
-            source, batches, dict(plan_options.convert_kwargs(), calibration=out.calibration), goal, device, progress
+            source,
+            batches,
+            dict(plan_options.convert_kwargs(), calibration=out.calibration),
+            goal,
+            device,
+            progress,
+            note,
         )
     return out

@@ -128,4 +128,4 @@ def test_cli_calibration_and_target(tmp_path):
         text=True,
     )
     assert tgt.returncode == 0, tgt.stdout + tgt.stderr
-    assert "kept fp32: fc" in tgt.stdout
+    assert "kept fp32 (attributed error): fc" in tgt.stdout

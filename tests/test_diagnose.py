@@ -117,3 +117,29 @@ def test_cli_and_api_write_text_json_and_html(tmp_path):
     assert api["outputs"]["y"]["ranking"][:1] == ["unshift"]
     refused = invoke(["diagnose", str(ref_path), str(conv_path), "--inputs", str(tmp_path / "b.npz"), "--seed", "3"])
     assert refused.code == 2 and "--seed" in refused.lines()[0]
+
+
+def test_target_search_keeps_the_offender_not_its_harmless_neighbours():
+    from autocast_onnx.validate.search import parse_target, search
+
+    ref = offset_model()
+    forced, log = search(ref, [batch(0), batch(1)], {"precision": "fp16"}, parse_target(["rtol=0.01"]))
+    assert "unshift" in log["kept"] or "shift" in log["kept"]
+    assert not {"mm", "relu", "scale"} & set(log["kept"])
+    assert log["evaluations"] <= 6 and log["seconds"] >= 0
+    assert all(v >= 0 for v in log["attribution"].values())
+    result = autocast_onnx.convert(ref, force_fp32=forced)
+    reasons = [r for n in result.plan.nodes for r in n.reasons if r.code == "accuracy-search"]
+    assert reasons and all("attributed error" in r.message for r in reasons)
+
+
+def test_target_search_prints_one_line_per_step_without_a_terminal(tmp_path):
+    ref_path = tmp_path / "ref.onnx"
+    onnx.save(offset_model(), str(ref_path))
+    np.savez(tmp_path / "b.npz", **batch())
+    args = ["convert", str(ref_path), "-o", str(tmp_path / "o.onnx"), "--target", "rtol=0.01"]
+    outcome = invoke([*args, "--inputs", str(tmp_path / "b.npz")])
+    assert_ok(outcome)
+    steps = [line for line in outcome.stderr.splitlines() if line.startswith("--target search: evaluation")]
+    assert len(steps) >= 3 and "evaluation 1: nothing kept fp32 -> fail: y:" in steps[0]
+    assert "kept fp32 (attributed error):" in outcome.stdout

@@ -537,13 +537,14 @@ def convert(
             targets=targets if goal else (),
             validation=options,
             progress=_progress,
+            note=None if quiet or sys.stderr.isatty() else lambda text: click.echo(text, err=True),
         )
         if measured.search_log is not None:
             log = measured.search_log
-            kept = ", ".join(log["kept"]) if log["kept"] else "none"
+            kept = ", ".join(f"{n} ({e:.2g})" for n, e in log["attribution"].items()) if log["kept"] else "none"
             echo(
-                f"--target search: {log['evaluations']} evaluations over {log['candidates']} "
-                f"low-precision nodes; kept fp32: {kept}"
+                f"--target search: {log['evaluations']} evaluations in {log['seconds']:.1f} s over "
+                f"{log['candidates']} low-precision nodes; kept fp32 (attributed error): {kept}"
             )
         written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
         planning = (

@@ -7,6 +7,8 @@ emulate.py), on the same batch. For every node of R that C keeps (matched by nam
   introduced  the error the node makes itself: the node computed as C computes it (inputs
               rounded to fp16 where C feeds them fp16, output rounded where C produces fp16)
               from the *exact* fp32 inputs, against its fp32 output;
+              (and again with its inputs left exact: when that is much smaller, the rounding of
+              its inputs is what hurts, and its producers belong with it);
   received    the error already in its inputs in E's full run;
   produced    the error of its outputs in E's full run (so produced / received is how much the
               node amplifies what it receives).
@@ -47,6 +49,7 @@ class NodeError:
     precision: str  # as the converted model computes it
     depth: int
     introduced: float = 0.0
+    exact_inputs: float = 0.0  # the same with the node's inputs left exact (only its own result rounded)
     received: float = 0.0
     produced: float = 0.0
     category: str | None = None
@@ -60,6 +63,7 @@ class NodeError:
             "precision": self.precision,
             "depth": self.depth,
             "introduced": self.introduced,
+            "introduced_exact_inputs": self.exact_inputs,
             "received": self.received,
             "produced": self.produced,
             "amplification": (self.produced / self.received) if self.received > 0 else None,
@@ -245,17 +249,25 @@ def diagnose(reference, converted, *, batch: dict, device: str = "cpu", plan=Non
     opsets = [helper.make_opsetid(o.domain, o.version) for o in reference.opset_import]
     for start in range(0, len(local_candidates), GROUP):
         group = local_candidates[start : start + GROUP]
-        model, results, needed = _local_model(reference, [n.proto for n in group], low_in, low_out, ref_types, opsets)
-        missing = [n for n in needed if n not in ref_values]
-        if missing:
-            ref_values.update(_capture(reference, missing, ref_types, batch, device))
-        sess = runner.session(model.SerializeToString(), device, optimize=False)
-        feeds = {n: np.asarray(ref_values[n]) for n in needed}
-        got = dict(zip([o.name for o in model.graph.output], runner.run(sess, feeds)))
-        for node in group:
-            errs = [relative_error(got[local], ref_values[r]) for r, local in results[node.name] if r in ref_values]
-            errors[node.name].introduced = max(errs, default=0.0)
-        del sess
+        # twice: as the converted model computes the node, and with its inputs left exact (what
+        # keeping its producers fp32 would give): a large gap means its inputs' rounding hurts
+        for inputs_rounded in (True, False):
+            model, results, needed = _local_model(
+                reference, [n.proto for n in group], low_in if inputs_rounded else {}, low_out, ref_types, opsets
+            )
+            missing = [n for n in needed if n not in ref_values]
+            if missing:
+                ref_values.update(_capture(reference, missing, ref_types, batch, device))
+            sess = runner.session(model.SerializeToString(), device, optimize=False)
+            feeds = {n: np.asarray(ref_values[n]) for n in needed}
+            got = dict(zip([o.name for o in model.graph.output], runner.run(sess, feeds)))
+            for node in group:
+                errs = [relative_error(got[local], ref_values[r]) for r, local in results[node.name] if r in ref_values]
+                if inputs_rounded:
+                    errors[node.name].introduced = max(errs, default=0.0)
+                else:
+                    errors[node.name].exact_inputs = max(errs, default=0.0)
+            del sess
 
     ranking = {}
     profile = {}

@@ -3,15 +3,20 @@ model meets accuracy targets on the given inputs.
 
 The reference outputs are computed once. Each evaluation converts the model with a set S of
 nodes forced to fp32, runs it (emulated on CPU), and checks the targets. With every
-low-precision node forced fp32 the targets must hold (else no set can help). Then, while the
-targets fail with S, a binary search over the remaining candidates in topological order finds
-the shortest prefix P with which S + P passes; the last node of P is a culprit and joins S.
-Each culprit costs O(log n) evaluations, so k culprits cost O(k log n). Candidates include the
-nodes of If/Loop/Scan bodies, in the order they run.
+low-precision node forced fp32 the targets must hold (else no set can help).
+
+Candidates are ranked by error attribution (diagnose.py, one pass on the first batch): the error
+each node introduces itself from exact inputs, raised by the gain of an fp32 consumer that
+amplifies it (a subtraction that cancels, a sigmoid near its threshold). Each candidate stands
+for its region: the node with its low-precision follow/clear neighbours, so that keeping it fp32
+does not leave a cast on each side of a lone node. The shortest prefix of the ranking whose
+regions meet the targets is found by doubling then bisecting: O(log n) evaluations in all.
+Nodes of If/Loop/Scan bodies are candidates too, ranked after the attributed ones.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import onnx
@@ -107,10 +112,92 @@ def _forced_low(entry) -> bool:
     return any(r.code == "cli-include" or (r.code == "node-rule" and "forces low" in r.message) for r in entry.reasons)
 
 
+def _scores(model, converted, batch, index, candidates) -> tuple[dict, set]:
+    """(node id -> attribution score for the main-graph candidates, the ids whose error comes
+    from the rounding of their inputs) - see the module docstring."""
+    from .diagnose import diagnose
+
+    report = diagnose(model, converted, batch=batch, top=1)
+    by_name = {n["name"]: n for n in report["nodes"]}
+    input_sensitive = {
+        node.id
+        for node in index.main.nodes
+        if node.name in by_name
+        and by_name[node.name]["introduced"] > max(1e-3, 10 * by_name[node.name]["introduced_exact_inputs"])
+    }
+    scores: dict[int, float] = {}
+    for node in index.main.nodes:
+        entry = by_name.get(node.name)
+        if entry is not None and node.id in candidates:
+            scores[node.id] = entry["introduced"]
+    for node in index.main.nodes:  # an fp32 node that amplifies what it receives raises its feeders' scores
+        entry = by_name.get(node.name)
+        gain = entry.get("amplification") if entry and entry["precision"] == "fp32" else None
+        if not gain or not math.isfinite(gain) or gain <= 10:
+            continue
+        for value in node.inputs:
+            producer = value.producer if value is not None else None
+            if producer is not None and producer.id in scores:
+                scores[producer.id] = max(scores[producer.id], scores[producer.id] * gain)
+    return scores, input_sensitive
+
+
+def _regions(index, plan, candidates, input_sensitive) -> dict:
+    """node id -> its region: the node, the low-precision follow/clear nodes it feeds (kept fp32
+    together, they leave one cast where a lone fp32 node leaves one on each side), and - when the
+    rounding of its inputs is what hurts - its low-precision follow/clear producers (one hop)."""
+    category = {p.id: p.category for p in plan.nodes}
+    out = {}
+    for node in index.nodes:
+        if node.id not in candidates:
+            continue
+        region = {node.id}
+        neighbours = [c for v in node.outputs if v is not None for c, _ in v.consumers]
+        if node.id in input_sensitive:
+            neighbours += [v.producer for v in node.inputs if v is not None and v.producer is not None]
+        for other in neighbours:
+            if other.id in candidates and category.get(other.id) in ("follow", "clear"):
+                region.add(other.id)
+        out[node.id] = region
+    return out
+
+
+def _tidy(ev, kept: list, index, plan) -> list:
+    """Drop the follow/clear nodes of `kept` that are fed only by kept nodes (they follow them to
+    fp32 anyway), when the conversion without them is the same: the list then names only what the
+    search had to decide. Two conversions, no evaluation."""
+    category = {p.id: p.category for p in plan.nodes}
+    kept_set = set(kept)
+    nodes = {n.id: n for n in index.nodes}
+    droppable = set()
+    for i in kept:
+        if category.get(i) not in ("follow", "clear"):
+            continue
+        producers = [v.producer for v in nodes[i].inputs if v is not None and v.producer is not None]
+        if producers and all(p.id in kept_set for p in producers):
+            droppable.add(i)
+    if not droppable:
+        return kept
+    probe = {i: Reason("accuracy-search", "probe") for i in kept}
+    full = ev.convert(probe).plan.precisions
+    smaller = ev.convert({i: r for i, r in probe.items() if i not in droppable}).plan.precisions
+    return [i for i in kept if i not in droppable] if list(full) == list(smaller) else kept
+
+
 def search(
-    model: onnx.ModelProto, batches, convert_options: dict, target: Thresholds, device: str = "cpu", progress=None
+    model: onnx.ModelProto,
+    batches,
+    convert_options: dict,
+    target: Thresholds,
+    device: str = "cpu",
+    progress=None,
+    note=None,
 ) -> tuple[dict, dict]:
-    """(node id -> Reason for the nodes to keep fp32, a log of the search)."""
+    """(node id -> Reason for the nodes to keep fp32, a log of the search). `progress(label,
+    total)` gives a bar (a terminal); `note(text)` is called once per step (no terminal)."""
+    import time
+
+    start = time.perf_counter()
     ev = _Evaluator(model, batches, convert_options, target, device)
     first = ev.convert({})
     index = build_index(onnx.ModelProto.FromString(model.SerializeToString()))
@@ -121,51 +208,89 @@ def search(
         "candidates": len(order),
         "evaluations": 0,
         "kept": [],
+        "attribution": {},
         "initial_failures": [],
         "passed": True,
+        "seconds": 0.0,
     }
-    ok, failures = ev.passes({})
-    log["initial_failures"] = failures
-    if ok:
+    bound = 2 + 2 * max(1, math.ceil(math.log2(max(len(order), 2))))
+    bar = progress("--target search (evaluations)", bound) if progress else None
+
+    def step(what: str, ok: bool, failures) -> None:
+        if bar:
+            bar.update(1)
+        if note:
+            why = "" if ok else f": {failures[0]}" if failures else ""
+            note(f"--target search: evaluation {ev.evaluations}: {what} -> {'pass' if ok else 'fail'}{why}")
+
+    def finish(kept_ids) -> tuple[dict, dict]:
+        if bar:
+            bar.finish()
         log["evaluations"] = ev.evaluations
-        return {}, log
+        log["seconds"] = round(time.perf_counter() - start, 3)
+        return forced(kept_ids), log
 
     def forced(ids):
         return {
             i: Reason(
                 "accuracy-search",
-                "kept fp32 by the --target search: with it in low precision the targets fail on the given inputs",
+                "kept fp32 by the --target search: with it in low precision the targets fail on the given inputs"
+                + (f" (attributed error {scores[i]:.3g})" if scores.get(i) else ""),
+                value=scores.get(i),
             )
             for i in ids
         }
 
+    scores: dict[int, float] = {}
+    ok, failures = ev.passes({})
+    step("nothing kept fp32", ok, failures)
+    log["initial_failures"] = failures
+    if ok:
+        return finish([])
     ok_all, failures_all = ev.passes(forced(order))
+    step(f"all {len(order)} candidates kept fp32", ok_all, failures_all)
     if not ok_all:
+        if bar:
+            bar.finish()
         raise AutocastError(
             "the --target cannot be met even with every low-precision node kept fp32: " + "; ".join(failures_all[:3]),
             "--target",
             "loosen the target, or check the inputs (the fp32 model is the reference)",
         )
-    kept: list[int] = []
-    remaining = list(order)
-    bar = progress("searching", len(order)) if progress else None
+    scores, input_sensitive = _scores(model, first.model, batches[0], index, low)
+    position = {i: k for k, i in enumerate(order)}
+    ranked = sorted(order, key=lambda i: (-scores.get(i, 0.0), position[i]))
+    regions = _regions(index, first.plan, low, input_sensitive)
+
+    def kept_for(k: int) -> list:
+        out: dict = {}
+        for i in ranked[:k]:
+            for j in sorted(regions[i], key=position.__getitem__):
+                out[j] = None
+        return list(out)
+
+    # doubling, then bisection: the shortest prefix of the ranking whose regions meet the targets
+    lo, hi = 0, 1
     while True:
-        ok, _ = ev.passes(forced(kept))
+        ids = kept_for(hi)
+        ok, failures = ev.passes(forced(ids))
+        step(f"top {hi} ranked candidates ({len(ids)} nodes) kept fp32", ok, failures)
         if ok:
             break
-        lo, hi = 1, len(remaining)  # S + remaining[:hi] passes; find the smallest such prefix
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ev.passes(forced(kept + remaining[:mid]))[0]:
-                hi = mid
-            else:
-                lo = mid + 1
-        culprit = remaining.pop(lo - 1)
-        kept.append(culprit)
-        log["kept"].append(labels[culprit])
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.finish()
-    log["evaluations"] = ev.evaluations
-    return forced(kept), log
+        lo = hi
+        if hi >= len(ranked):
+            raise AutocastError("the --target search could not pass", "--target", "this is a bug; please report it")
+        hi = min(2 * hi, len(ranked))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ids = kept_for(mid)
+        ok, failures = ev.passes(forced(ids))
+        step(f"top {mid} ranked candidates ({len(ids)} nodes) kept fp32", ok, failures)
+        if ok:
+            hi = mid
+        else:
+            lo = mid
+    kept = _tidy(ev, kept_for(hi), index, first.plan)
+    log["kept"] = [labels[i] for i in kept]
+    log["attribution"] = {labels[i]: scores.get(i, 0.0) for i in kept}
+    return finish(kept)
