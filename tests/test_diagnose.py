@@ -126,7 +126,7 @@ def test_target_search_keeps_the_offender_not_its_harmless_neighbours():
     forced, log = search(ref, [batch(0), batch(1)], {"precision": "fp16"}, parse_target(["rtol=0.01"]))
     assert "unshift" in log["kept"] or "shift" in log["kept"]
     assert not {"mm", "relu", "scale"} & set(log["kept"])
-    assert log["evaluations"] <= 6 and log["seconds"] >= 0
+    assert log["evaluations"] <= 3 + 5 + 2 * 3 and log["seconds"] >= 0
     assert all(v >= 0 for v in log["attribution"].values())
     result = autocast_onnx.convert(ref, force_fp32=forced)
     reasons = [r for n in result.plan.nodes for r in n.reasons if r.code == "accuracy-search"]

@@ -5,9 +5,12 @@ The reference outputs are computed once. Each evaluation converts the model with
 nodes forced to fp32, runs it (emulated on CPU), and checks the targets. With every
 low-precision node forced fp32 the targets must hold (else no set can help).
 
-Candidates are ranked by error attribution (diagnose.py, one pass on the first batch): the error
-each node introduces itself from exact inputs, raised by the gain of an fp32 consumer that
-amplifies it (a subtraction that cancels, a sigmoid near its threshold). Each candidate stands
+Candidates are ranked in two levels. Bands of consecutive candidates (in execution order) are
+each kept fp32 once: the drop in output error per node made fp32 ranks the bands (where keeping
+fp32 pays); the best band is split in four again, and again, down to a node or two. Within a
+band, error attribution (diagnose.py, one pass on the first batch) ranks the
+nodes by the error each introduces from exact inputs, raised by the gain of an fp32 consumer
+that amplifies it (a subtraction that cancels, a sigmoid near its threshold). Each candidate stands
 for its region: the node with its low-precision follow/clear neighbours, so that keeping it fp32
 does not leave a cast on each side of a lone node. The shortest prefix of the ranking whose
 regions meet the targets is found by doubling then bisecting: O(log n) evaluations in all.
@@ -77,19 +80,32 @@ class _Evaluator:
         return self._convert(self.model, check="none", force_fp32=forced, **self.options)
 
     def passes(self, forced: dict) -> tuple[bool, list]:
+        ok, failures, _ = self.measure(forced)
+        return ok, failures
+
+    def measure(self, forced: dict) -> tuple[bool, list, float]:
+        """(targets met, why not, the largest relative L2 error over the outputs); the plan's
+        precisions are left in `last_precisions`."""
+        from .diagnose import relative_error
+
         self.evaluations += 1
         result = self.convert(forced)
+        self.last_precisions = list(result.plan.precisions)
         sess = runner.session(emulation_model(result.model).SerializeToString(), "cpu", optimize=False)
         stats = [OutputStats(n) for n in self.names]
+        error = 0.0
         for feeds, ref_out in zip(self.batches, self.reference):
             inputs = {i.name: feeds[i.name].astype(_np(i.type)) for i in sess.get_inputs()}
             for s, r, o in zip(stats, ref_out, runner.run(sess, inputs)):
-                s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o)
+                o = o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o
+                s.add(r, o)
+                if r.dtype.kind == "f":
+                    error = max(error, relative_error(o, r))
         failures = []
         for s in stats:
             _, why = verdict(s.summary(), self.target)
             failures += [f"{s.name}: {w}" for w in why]
-        return not failures, failures
+        return not failures, failures, error
 
 
 def _np(ort_type: str):
@@ -162,6 +178,24 @@ def _regions(index, plan, candidates, input_sensitive) -> dict:
     return out
 
 
+BANDS = 12
+
+
+def _bands(order: list, parts: int) -> list:
+    """Up to `parts` runs of consecutive candidates, in execution order."""
+    count = min(parts, len(order))
+    size = -(-len(order) // count) if count else 1
+    return [order[k : k + size] for k in range(0, len(order), size)]
+
+
+def _gain(before: float, after: float) -> float:
+    """How much an evaluation's output error dropped (infinite errors count as very large)."""
+    big = 1e30
+    before = before if math.isfinite(before) else big
+    after = after if math.isfinite(after) else big
+    return max(0.0, before - after)
+
+
 def _tidy(ev, kept: list, index, plan) -> list:
     """Drop the follow/clear nodes of `kept` that are fed only by kept nodes (they follow them to
     fp32 anyway), when the conversion without them is the same: the list then names only what the
@@ -213,7 +247,8 @@ def search(
         "passed": True,
         "seconds": 0.0,
     }
-    bound = 2 + 2 * max(1, math.ceil(math.log2(max(len(order), 2))))
+    levels = max(1, math.ceil(math.log(max(len(order) / BANDS, 2), 4)))
+    bound = 3 + min(BANDS, len(order)) + 4 * levels + 2 * max(1, math.ceil(math.log2(max(len(order), 2))))
     bar = progress("--target search (evaluations)", bound) if progress else None
 
     def step(what: str, ok: bool, failures) -> None:
@@ -259,8 +294,40 @@ def search(
         )
     scores, input_sensitive = _scores(model, first.model, batches[0], index, low)
     position = {i: k for k, i in enumerate(order)}
-    ranked = sorted(order, key=lambda i: (-scores.get(i, 0.0), position[i]))
     regions = _regions(index, first.plan, low, input_sensitive)
+    # Where along the graph does keeping fp32 pay? Each band of consecutive candidates (in
+    # execution order) is kept fp32 once, and the drop in output error per node ranks the bands;
+    # within a band, the nodes are ranked by the error they introduce.
+    _, _, base_error = ev.measure({})
+
+    def band_gain(band: list, label: str) -> float:
+        ok_b, failures_b, error_b = ev.measure(forced(band))
+        step(f"{label} ({len(band)} nodes) kept fp32", ok_b, failures_b)
+        # per node that this makes fp32 (the band and the follow nodes that follow it to fp32)
+        cost = sum(1 for i in order if ev.last_precisions[i] in ("fp32", "unchanged"))
+        return _gain(base_error, error_b) / max(cost, 1)
+
+    def by_score(nodes: list) -> list:
+        return sorted(nodes, key=lambda i: (-scores.get(i, 0.0), position[i]))
+
+    def refine(band: list, depth: int = 1) -> list:
+        """The band's nodes, the sub-band where keeping fp32 pays most first (recursively)."""
+        if len(band) <= 2:
+            return by_score(band)
+        subs = _bands(band, 4)
+        gains_sub = [band_gain(sub, f"band level {depth + 1}, part {k + 1}/{len(subs)}") for k, sub in enumerate(subs)]
+        if max(gains_sub) <= 0:  # no part helps alone: attribution decides
+            return by_score(band)
+        ranked_subs = [sub for _, sub in sorted(zip(gains_sub, subs), key=lambda p: -p[0])]
+        return refine(ranked_subs[0], depth + 1) + [i for sub in ranked_subs[1:] for i in by_score(sub)]
+
+    bands = _bands(order, BANDS)
+    gains = [band_gain(band, f"band {b + 1}/{len(bands)}") for b, band in enumerate(bands)]
+    if max(gains) <= 0:  # no band helps alone (e.g. an overflow that two bands must fix together)
+        ranked = by_score(order)
+    else:
+        ranked_bands = [band for _, band in sorted(zip(gains, bands), key=lambda p: -p[0])]
+        ranked = refine(ranked_bands[0]) + [i for band in ranked_bands[1:] for i in by_score(band)]
 
     def kept_for(k: int) -> list:
         out: dict = {}
