@@ -90,8 +90,8 @@ def test_search_finds_the_culprits_in_few_evaluations():
     assert sorted(log["kept"]) == ["fc2_big", "fc3"]
     assert log["initial_failures"]
     # 3 checks up front (nothing, everything, the error to beat), one per band (5 of one node),
-    # then doubling and bisection over the 5 ranked candidates
-    assert log["evaluations"] <= 3 + 5 + 2 * 3
+    # then per culprit: one check, doubling and bisection over at most 5 ranked candidates
+    assert log["evaluations"] <= 3 + 5 + 2 * (1 + 2 * 3) + 1
     r = autocast_onnx.convert(m, force_fp32=forced, check="full")
     assert precision(r, "fc1") == "fp16"
     assert any(x.code == "accuracy-search" for x in r.plan.by_name("fc3")[0].reasons)
@@ -130,3 +130,15 @@ def test_cli_calibration_and_target(tmp_path):
     )
     assert tgt.returncode == 0, tgt.stdout + tgt.stderr
     assert "kept fp32 (attributed error): fc" in tgt.stdout
+
+
+def test_search_stops_at_its_budget_with_a_passing_set(monkeypatch):
+    import autocast_onnx.validate.search as search_module
+
+    monkeypatch.setattr(search_module, "MAX_EVALUATIONS", 9)
+    m = big_mlp()
+    data = batches()
+    forced, log = search(m, data, {"precision": "fp16"}, parse_target(["cosine=0.9999"]))
+    assert log["budget_reached"] is True and log["evaluations"] <= 9 + 2
+    ev = search_module._Evaluator(m, data, {"precision": "fp16"}, parse_target(["cosine=0.9999"]), "cpu")
+    assert ev.passes(forced)[0]  # what it returns still meets the target

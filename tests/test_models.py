@@ -19,7 +19,6 @@ KEEP_FP32_OPS = {
     "Softmax",
     "LogSoftmax",
     "LayerNormalization",
-    "BatchNormalization",
     "InstanceNormalization",
     "GroupNormalization",
     "ReduceMean",
@@ -94,6 +93,8 @@ def test_categories_hold_in_the_converted_graph(converted):
         floats = [types.get(t) for t in list(node.input) + list(node.output) if t and types.get(t) in (F32, F16)]
         if node.op_type in KEEP_FP32_OPS:
             assert floats and all(t == F32 for t in floats), f"{node.name} ({node.op_type}) is not fp32"
+        if node.op_type == "BatchNormalization":  # fp16 data, fp32 scale/bias/mean/variance
+            assert [types.get(t) for t in node.input[1:5]] == [F32] * 4, node.name
         if node.op_type in LOW_OPS:
             if all(t == F16 for t in floats):
                 low_seen += 1

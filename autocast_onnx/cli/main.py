@@ -542,9 +542,14 @@ def convert(
         if measured.search_log is not None:
             log = measured.search_log
             kept = ", ".join(f"{n} ({e:.2g})" for n, e in log["attribution"].items()) if log["kept"] else "none"
+            budget = (
+                " (stopped at the evaluation budget: the smallest passing set found)"
+                if log.get("budget_reached")
+                else ""
+            )
             echo(
                 f"--target search: {log['evaluations']} evaluations in {log['seconds']:.1f} s over "
-                f"{log['candidates']} low-precision nodes; kept fp32 (attributed error): {kept}"
+                f"{log['candidates']} low-precision nodes{budget}; kept fp32 (attributed error): {kept}"
             )
         written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
         planning = (

@@ -178,10 +178,28 @@ def _key(node) -> str:
     return node.op if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op}"
 
 
+def _fp32_parameters(ctx, node, ports) -> bool:
+    """The node's parameter inputs `ports` are all fp32 (in an fp32 model: the conversion rules
+    pin them fp32), and it does not train (training_mode)."""
+    if any(a.name == "training_mode" and a.i for a in node.proto.attribute):
+        return False
+    if ctx.mode != "actual":
+        from ..catalog import load_rules
+
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        pin = load_rules(list(ctx.rules)).pins.get((domain, node.op))
+        return pin is not None and set(ports) <= set(pin.inputs)
+    values = [node.inputs[i] for i in ports if i < len(node.inputs) and node.inputs[i] is not None]
+    return bool(values) and all(v.dtype == FLOAT for v in values)
+
+
 def op_family(ctx: LintContext, check):
     ops = set(check.params.get("ops", ()))
+    lenient = check.params.get("fp32_parameters_ok", {})
     flagged = set()
     for node in ctx.index.nodes:
+        if _key(node) in lenient and _fp32_parameters(ctx, node, lenient[_key(node)]):
+            continue
         if _key(node) in ops and ctx.is_low(node):
             flagged.add(node.id)
             yield ctx.diag(check, node, f"{node.op} {ctx.where()} {ctx.tname}")

@@ -232,12 +232,15 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
         if _FOLLOW not in ri and _FOLLOW not in ro:
             if (_FP32 in ri or _FP32 in ro) and _FOLLOW not in t_in + t_out and cat != _KEEP:
                 seeds[nid] = Seed.SCHEMA
-                reasons[nid].append(
-                    Reason(
-                        "schema",
-                        f"the schema of {op} at opset {index.opset(domain)} has no {target} for this node's tensors",
+                if pins_in or pins_out:
+                    why = (
+                        f"the rules pin some of {op}'s ports fp32, and at opset {index.opset(domain)} its schema "
+                        f"gives them one type with the node's other tensors: low-precision data would need "
+                        f"low-precision parameters, so the node stays fp32"
                     )
-                )
+                else:
+                    why = f"the schema of {op} at opset {index.opset(domain)} has no {target} for this node's tensors"
+                reasons[nid].append(Reason("schema", why))
             continue
         planned.append(node)
     if log.isEnabledFor(logging.DEBUG):
@@ -533,6 +536,20 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
         else:
             t_in.append(role(sig.input_param(i) if sig else None, i in pins_in))
     t_out = [role(sig.output_param(i) if sig else None, i in pins_out) for i in range(n_out)]
+    if sig is not None and (pins_in or pins_out):
+        # A pinned port that shares its type parameter with a port that would follow the node
+        # (BatchNormalization's parameters and data before opset 15) cannot stay fp32 while the
+        # data goes low: the whole group, and so the node, stays fp32.
+        pinned = {sig.input_param(i) for i in pins_in if i < n_in} | {
+            sig.output_param(i) for i in pins_out if i < n_out
+        }
+        pinned.discard(None)
+        for i in range(n_in):
+            if t_in[i] == _FOLLOW and sig.input_param(i) in pinned:
+                t_in[i] = _FP32
+        for i in range(n_out):
+            if t_out[i] == _FOLLOW and sig.output_param(i) in pinned:
+                t_out[i] = _FP32
     return "".join(t_in), "".join(t_out), tuple(p for p in pins_in if p < n_in), tuple(p for p in pins_out if p < n_out)
 
 

@@ -12,8 +12,12 @@ band, error attribution (diagnose.py, one pass on the first batch) ranks the
 nodes by the error each introduces from exact inputs, raised by the gain of an fp32 consumer
 that amplifies it (a subtraction that cancels, a sigmoid near its threshold). Each candidate stands
 for its region: the node with its low-precision follow/clear neighbours, so that keeping it fp32
-does not leave a cast on each side of a lone node. The shortest prefix of the ranking whose
-regions meet the targets is found by doubling then bisecting: O(log n) evaluations in all.
+does not leave a cast on each side of a lone node. The regions that meet the targets are found
+culprit by culprit: the shortest prefix of the remaining
+ranking that passes with the culprits already kept, by doubling then bisecting, gives the next
+culprit (its last node). With a good ranking each culprit is near the front and costs a few
+evaluations; each one kept is needed, given the ranking. After MAX_EVALUATIONS evaluations the
+search stops with the smallest passing set it has seen (and says so in its log).
 Nodes of If/Loop/Scan bodies are candidates too, ranked after the attributed ones.
 """
 
@@ -179,6 +183,7 @@ def _regions(index, plan, candidates, input_sensitive) -> dict:
 
 
 BANDS = 12
+MAX_EVALUATIONS = 100  # then the smallest passing set found so far is kept
 
 
 def _bands(order: list, parts: int) -> list:
@@ -329,35 +334,57 @@ def search(
         ranked_bands = [band for _, band in sorted(zip(gains, bands), key=lambda p: -p[0])]
         ranked = refine(ranked_bands[0]) + [i for band in ranked_bands[1:] for i in by_score(band)]
 
-    def kept_for(k: int) -> list:
+    def expand(ids) -> list:
         out: dict = {}
-        for i in ranked[:k]:
+        for i in ids:
             for j in sorted(regions[i], key=position.__getitem__):
                 out[j] = None
         return list(out)
 
-    # doubling, then bisection: the shortest prefix of the ranking whose regions meet the targets
-    lo, hi = 0, 1
-    while True:
-        ids = kept_for(hi)
+    # Culprits one at a time, each the shortest prefix of the remaining ranking that passes with
+    # those already kept (found by doubling, then bisection): with a good ranking a culprit sits
+    # near the front and costs a few evaluations; each one kept is needed given the ranking. The
+    # smallest passing set seen so far is always at hand: when the evaluation budget runs out
+    # (many culprits), the search stops there.
+    best: list = list(order)
+    kept_core: list = []
+    remaining = list(ranked)
+
+    def attempt(ids: list, what: str) -> bool:
+        nonlocal best
         ok, failures = ev.passes(forced(ids))
-        step(f"top {hi} ranked candidates ({len(ids)} nodes) kept fp32", ok, failures)
-        if ok:
+        step(what, ok, failures)
+        if ok and len(ids) < len(best):
+            best = ids
+        return ok
+
+    budget_hit = False
+    while not attempt(expand(kept_core), f"{len(kept_core)} culprits kept fp32"):
+        if ev.evaluations >= MAX_EVALUATIONS:
+            budget_hit = True
             break
-        lo = hi
-        if hi >= len(ranked):
-            raise AutocastError("the --target search could not pass", "--target", "this is a bug; please report it")
-        hi = min(2 * hi, len(ranked))
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        ids = kept_for(mid)
-        ok, failures = ev.passes(forced(ids))
-        step(f"top {mid} ranked candidates ({len(ids)} nodes) kept fp32", ok, failures)
-        if ok:
-            hi = mid
-        else:
-            lo = mid
-    kept = _tidy(ev, kept_for(hi), index, first.plan)
+        lo, hi = 0, 1
+        while not attempt(expand(kept_core + remaining[:hi]), f"{len(kept_core)} culprits + the next {hi} ranked"):
+            if hi >= len(remaining):
+                raise AutocastError("the --target search could not pass", "--target", "this is a bug; please report it")
+            lo, hi = hi, min(2 * hi, len(remaining))
+        while hi - lo > 1 and ev.evaluations < MAX_EVALUATIONS:
+            mid = (lo + hi) // 2
+            if attempt(expand(kept_core + remaining[:mid]), f"{len(kept_core)} culprits + the next {mid} ranked"):
+                hi = mid
+            else:
+                lo = mid
+        if hi - lo > 1:
+            budget_hit = True
+            break
+        kept_core.append(remaining.pop(hi - 1))
+    log["budget_reached"] = budget_hit
+    if budget_hit:
+        kept = _tidy(ev, best, index, first.plan)
+        log["kept"] = [labels[i] for i in kept]
+        log["attribution"] = {labels[i]: scores.get(i, 0.0) for i in kept}
+        return finish(kept)
+    kept = _tidy(ev, expand(kept_core), index, first.plan)
     log["kept"] = [labels[i] for i in kept]
     log["attribution"] = {labels[i]: scores.get(i, 0.0) for i in kept}
     return finish(kept)
