@@ -25,28 +25,30 @@ _BYTES = {
 MAC_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
 
-def _shapes(model: onnx.ModelProto) -> dict:
-    """name -> (elem_type, shape tuple or None) for the main graph, named dims counted as 1."""
+def _shapes(model: onnx.ModelProto, wanted: set) -> dict:
+    """name -> (elem_type, shape tuple or None) for the `wanted` tensors of the main graph; the
+    model's own dimension names count as 1."""
     try:
         probe = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # inference is best effort: unknown shapes are reported as unknown
-        pass
+        probe = model
     out: dict[str, tuple] = {}
     # the model's own dimension names (batch, sequence) count as 1; names inference makes up for
     # dimensions it could not work out (unk__0, ...) leave the shape unknown
     named = {d.dim_param for vi in list(model.graph.input) + list(model.graph.output)
              for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}  # fmt: skip
-    infos = list(probe.graph.input) + list(probe.graph.value_info) + list(probe.graph.output)
     for t in probe.graph.initializer:
-        out[t.name] = (t.data_type, tuple(t.dims))
-    for vi in infos:
-        tt = vi.type.tensor_type
-        dims = list(tt.shape.dim) if tt.HasField("shape") else []
-        known = tt.HasField("shape") and all(d.HasField("dim_value") or d.dim_param in named for d in dims)
-        out[vi.name] = (
-            tt.elem_type,
-            tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims) if known else None,
-        )
+        if t.name in wanted:
+            out[t.name] = (t.data_type, tuple(t.dims))
+    for infos in (probe.graph.input, probe.graph.value_info, probe.graph.output):
+        for vi in infos:
+            if vi.name not in wanted:
+                continue
+            tt = vi.type.tensor_type
+            dims = list(tt.shape.dim) if tt.HasField("shape") else []
+            known = tt.HasField("shape") and all(d.HasField("dim_value") or d.dim_param in named for d in dims)
+            shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims) if known else None
+            out[vi.name] = (tt.elem_type, shape)
     return out
 
 
@@ -79,13 +81,14 @@ def _macs(node, shapes) -> int | None:
 def conversion_cost(result) -> dict:
     """Casts added and bytes they move, and the low-precision share of MACs, for a
     ConversionResult (main graph)."""
-    model, plan = result.model, result.plan
+    model = result.model
     if len(model.graph.node) > LIMIT_NODES:
         return {"computed": False, "why": f"over {LIMIT_NODES:,} nodes: shape inference would double the time"}
-    shapes = _shapes(model)
-    original = {n.name for n in plan.nodes if n.graph == "main"}
-    precision = {n.name: n.precision for n in plan.nodes if n.graph == "main"}
-    casts = [n for n in model.graph.node if n.op_type == "Cast" and n.name not in original]
+    added = set(result.stats.cast_outputs)
+    casts = [n for n in model.graph.node if n.op_type == "Cast" and n.output and n.output[0] in added]
+    macs_nodes = [n for n in model.graph.node if n.op_type in MAC_OPS]
+    wanted = {n.input[0] for n in casts} | {t for n in macs_nodes for t in list(n.input[:2]) + list(n.output[:1])}
+    shapes = _shapes(model, wanted)
     cast_bytes, unknown_casts = 0, 0
     for node in casts:
         src = shapes.get(node.input[0], (None, None))
@@ -96,15 +99,13 @@ def conversion_cost(result) -> dict:
         cast_bytes += math.prod(src[1]) * (_BYTES[src[0]] + _BYTES[dst_type])
     macs_low = macs_total = 0
     unknown_macs = 0
-    for node in model.graph.node:
-        if node.op_type not in MAC_OPS or node.name not in original:
-            continue
+    for node in macs_nodes:
         macs = _macs(node, shapes)
         if macs is None:
             unknown_macs += 1
             continue
         macs_total += macs
-        if precision.get(node.name) in ("fp16", "bf16"):
+        if shapes.get(node.output[0], (None, None))[0] in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
             macs_low += macs
     return {
         "computed": True,

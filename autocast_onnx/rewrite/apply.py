@@ -40,6 +40,7 @@ class ApplyStats:
     clamped_values: int = 0
     initializer_bytes_delta: int = 0
     outputs_renamed: list = field(default_factory=list)  # graph outputs now written by a Cast
+    cast_outputs: list = field(default_factory=list)  # the tensors the added Casts write
     graphs_sorted: list = field(default_factory=list)  # graphs that were not topologically sorted
 
 
@@ -65,6 +66,7 @@ class _Edit:
     def add_cast(self, value, src_name: str, dst_name: str, to: int) -> None:
         """A Cast right after the producer of `value` (or first in its graph)."""
         self.stats.casts_added += 1
+        self.stats.cast_outputs.append(dst_name)
         proto = cast_node(src_name, dst_name, self.names.fresh_node(dst_name), to)
         if value.producer is not None:
             self.after.setdefault(value.producer.id, []).append(proto)
