@@ -252,9 +252,10 @@ def search(
         "passed": True,
         "seconds": 0.0,
     }
-    levels = max(1, math.ceil(math.log(max(len(order) / BANDS, 2), 4)))
-    bound = 3 + min(BANDS, len(order)) + 4 * levels + 2 * max(1, math.ceil(math.log2(max(len(order), 2))))
-    bar = progress("--target search (evaluations)", bound) if progress else None
+    # the search never runs more than this many evaluations (the budget, plus the last check of a
+    # culprit and the two checks up front): an honest upper bound for the bar
+    bound = MAX_EVALUATIONS + 3
+    bar = progress(f"--target search (at most {bound} evaluations)", bound) if progress else None
 
     def step(what: str, ok: bool, failures) -> None:
         if bar:
@@ -364,10 +365,17 @@ def search(
             budget_hit = True
             break
         lo, hi = 0, 1
-        while not attempt(expand(kept_core + remaining[:hi]), f"{len(kept_core)} culprits + the next {hi} ranked"):
+        passed = False
+        while ev.evaluations < MAX_EVALUATIONS:
+            if attempt(expand(kept_core + remaining[:hi]), f"{len(kept_core)} culprits + the next {hi} ranked"):
+                passed = True
+                break
             if hi >= len(remaining):
                 raise AutocastError("the --target search could not pass", "--target", "this is a bug; please report it")
             lo, hi = hi, min(2 * hi, len(remaining))
+        if not passed:
+            budget_hit = True
+            break
         while hi - lo > 1 and ev.evaluations < MAX_EVALUATIONS:
             mid = (lo + hi) // 2
             if attempt(expand(kept_core + remaining[:mid]), f"{len(kept_core)} culprits + the next {mid} ranked"):
