@@ -255,6 +255,7 @@ def _convert_loaded(
                 include_nodes=incl_nodes,
                 ranges=calibration,
                 force_fp32=force_fp32,
+                output_head=training is None or not training.has_backward,
             )
             plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
         else:

@@ -37,6 +37,7 @@ VARIANTS = {
         '[ops.follow]\nBatchNormalization = "fp16 data"\nLayerNormalization = "fp16 data"\nSoftmax = "fp16 data"\n'
     ),
     "erf-fp32": '[ops.keep_fp32]\nErf = "GELU chain in fp32"\n',
+    "head-fp32": '[settings]\noutput_head = "fp32"\n',
 }
 
 
@@ -59,9 +60,10 @@ def _feeds(name: str, model: onnx.ModelProto) -> dict:
 def measure(name: str, variant: str, rules_dir: Path) -> dict:
     source = onnx.load(str(ROOT / "examples" / "models" / f"{name}.onnx"))
     rules = []
-    if VARIANTS[variant]:
+    text = VARIANTS[variant]
+    if text:
         path = rules_dir / f"{variant.replace(' ', '_').replace('(', '').replace(')', '')}.toml"
-        path.write_text(VARIANTS[variant])
+        path.write_text(text)
         rules = [path]
     result = autocast_onnx.convert(source, rules=rules)
     cost = conversion_cost(result)

@@ -76,3 +76,56 @@ def test_lint_flags_a_training_mode_batchnorm_in_fp16():
     bn = next(n for n in m.graph.node if n.op_type == "BatchNormalization")
     bn.attribute.add(name="training_mode", i=1, type=2)
     assert len(findings(m, "AC102")) == 1
+
+
+def head_model():
+    return parse(
+        """
+        head (float[4,16] x) => (float[4,8] y) {
+            [body] h = MatMul(x, w1)
+            [act] a = Relu(h)
+            [head] z = MatMul(a, w2)
+            [prob] y = Sigmoid(z)
+        }""",
+        w1=randn([16, 16]),
+        w2=randn([16, 8], seed=1),
+    )
+
+
+def test_output_head_setting_keeps_the_last_layer_before_the_output_fp32(tmp_path):
+    rules = tmp_path / "head.toml"
+    rules.write_text('[settings]\noutput_head = "fp32"\n')
+    plain = autocast_onnx.convert(head_model())
+    assert {n.name: n.precision for n in plain.plan.nodes}["head"] == "fp16"
+    result = autocast_onnx.convert(head_model(), rules=[rules], check="full")
+    plan = {n.name: n.precision for n in result.plan.nodes}
+    assert plan == {"body": "fp16", "act": "fp16", "head": "fp32", "prob": "fp32"}
+    reason = result.plan.by_name("head")[0].reasons[-1]
+    assert reason.code == "output-head" and "head.toml" in reason.source
+    assert result.stats.casts_added == plain.stats.casts_added  # one cast moves, none is added
+    # a [[nodes]] rule still decides over it
+    rules.write_text('[settings]\noutput_head = "fp32"\n[[nodes]]\nmatch = "^head$"\nprecision = "low"\n')
+    assert autocast_onnx.convert(head_model(), rules=[rules]).plan.by_name("head")[0].precision == "fp16"
+
+
+def test_output_head_is_not_applied_to_training_graphs_or_long_chains(tmp_path):
+    from pathlib import Path
+
+    rules = tmp_path / "head.toml"
+    rules.write_text('[settings]\noutput_head = "fp32"\n')
+    training = Path(__file__).parent / "data" / "training" / "ln_gelu" / "training_model.onnx"
+    result = autocast_onnx.convert(training, rules=[rules])
+    assert {n.precision for n in result.plan.nodes if n.op_type == "Gemm"} == {"fp16"}
+    chain = " ".join(f"[t{k}] t{k + 1} = Tanh(t{k})" for k in range(40))
+    m = parse(f"long (float[4,16] t0) => (float[4,16] t40) {{ {chain} }}")  # no MatMul within 32 nodes
+    assert all(n.precision != "fp32" or n.reasons[-1].code != "output-head"
+               for n in autocast_onnx.convert(m, rules=[rules]).plan.nodes)  # fmt: skip
+
+
+def test_output_head_setting_values_are_checked(tmp_path):
+    from autocast_onnx.errors import AutocastError
+
+    rules = tmp_path / "bad.toml"
+    rules.write_text('[settings]\noutput_head = "yes"\n')
+    with pytest.raises(AutocastError, match=r"settings\.output_head must be one of fp32, off"):
+        autocast_onnx.convert(head_model(), rules=[rules])

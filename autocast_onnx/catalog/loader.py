@@ -29,7 +29,8 @@ from ..errors import AutocastError, InternalCheckError
 
 CATEGORIES = ("low_precision", "follow", "keep_fp32", "clear", "non_float")
 TOP_KEYS = {"settings", "thresholds", "ops", "pins", "nodes"}
-SETTINGS_KEYS = {"unknown_op"}
+SETTINGS_KEYS = {"unknown_op", "output_head"}
+OUTPUT_HEAD = ("fp32", "off")
 THRESHOLDS = {
     # name: (type, minimum, maximum)
     "small_constant_elements": (int, 0, 2**31),
@@ -92,6 +93,9 @@ class RuleSet:
     node_rules: list[NodeRule] = field(default_factory=list)
     thresholds: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     unknown_op: OpRule = OpRule("keep_fp32", "built-in default: unknown ops stay fp32", Source("<built-in>", 0))
+    # "fp32": the output head (the last MatMul/Gemm/Conv/ConvTranspose on each path back from a
+    # float graph output, and what lies between it and the output) stays fp32; "off": no rule
+    output_head: OpRule = OpRule("off", "built-in default: no output-head rule", Source("<built-in>", 0))
     files: list[str] = field(default_factory=list)
 
     def op_rule(self, domain: str, op_type: str) -> OpRule | None:
@@ -192,6 +196,11 @@ def _merge(rules: RuleSet, path: Path) -> None:
         line = lines.key("settings", key)
         if key not in SETTINGS_KEYS:
             fail(f"unknown key 'settings.{key}'", line, f"allowed: {', '.join(sorted(SETTINGS_KEYS))}")
+        if key == "output_head":
+            if value not in OUTPUT_HEAD:
+                fail(f"settings.output_head must be one of {', '.join(OUTPUT_HEAD)}, not {value!r}", line, "pick one")
+            rules.output_head = OpRule(value, "output-head setting", Source(where, line))
+            continue
         if value not in CATEGORIES:
             fail(f"settings.unknown_op must be one of {', '.join(CATEGORIES)}, not {value!r}", line, "pick a category")
         rules.unknown_op = OpRule(value, "category of ops that no rule file names", Source(where, line))

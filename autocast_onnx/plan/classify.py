@@ -99,6 +99,7 @@ def classify(
     include_nodes=(),
     ranges=None,
     force_fp32=None,
+    output_head: bool = True,
 ) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
@@ -109,11 +110,15 @@ def classify(
       4. calibration ranges (`ranges`, tensor name -> TensorRange) seed DENY;
       5. data rules: out-of-range and flushing constants seed DENY, also through clear ops.
 
-    `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it)."""
+    `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it).
+    With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
+    graphs), the output heads are seeded DENY before pass 3, which may override them."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))
     _assign_categories(index, rules, result)
     planned = _assign_port_roles(index, rules, target, result)
+    if output_head and rules.output_head.category == "fp32":
+        _apply_output_head(index, planned, rules.output_head, result)
     _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
@@ -246,6 +251,48 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     if log.isEnabledFor(logging.DEBUG):
         log.debug("classify pass 2 (port roles): %d nodes planned, %d frozen", len(planned), sum(result.frozen))
     return planned
+
+
+HEAD_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+HEAD_LIMIT = 32  # a head longer than this is no head (e.g. a model without a final layer)
+
+
+def _apply_output_head(index: GraphIndex, planned, setting, result: Classification) -> None:
+    """Pass 2b: for each float output of the main graph, the nodes from it back to the last
+    MatMul/Gemm/Conv/ConvTranspose on every path (included) are seeded DENY: the output's final
+    rounding before a sigmoid, softmax or argmax is where fp16 costs most, and the head is small.
+
+        logits = Gemm(h, W) -> prob = Sigmoid(logits) (output) -> Gemm and Sigmoid stay fp32"""
+    planned_ids = {node.id for node in planned}
+    seeds, reasons = result.seeds, result.reasons
+    count = 0
+    for value in index.main.outputs:
+        if value.dtype not in MIXABLE or value.producer is None:
+            continue
+        head: list = []
+        stack, seen = [value.producer], set()
+        while stack and len(head) <= HEAD_LIMIT:
+            node = stack.pop()
+            if node is None or node.id in seen or node.subscopes:
+                continue
+            seen.add(node.id)
+            head.append(node)
+            if node.op not in HEAD_OPS:
+                stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
+        if len(head) > HEAD_LIMIT:
+            continue
+        reason = Reason(
+            "output-head",
+            f"part of the output head of '{value.name}' (the nodes from it back to the last "
+            "MatMul/Gemm/Conv): kept fp32 by the output_head setting",
+            str(setting.source),
+        )
+        for node in head:
+            if node.id in planned_ids and seeds[node.id] != Seed.DENY:
+                seeds[node.id] = Seed.DENY
+                reasons[node.id].append(reason)
+                count += 1
+    log.debug("classify pass 2b (output head): %d nodes seeded fp32", count)
 
 
 def _apply_selections(
