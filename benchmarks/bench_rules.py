@@ -4,7 +4,8 @@ variants, side by side in one run (the numbers behind docs/rules-evidence.md).
 Each variant is a small rule file applied over the defaults. Error is the largest relative L2
 error over a model's float outputs, of the emulated conversion (fp16 rounding as a GPU computes
 it: fp32 inside each kernel, fp16 between kernels) against fp32, on generated inputs (seed 0);
-the trained digits CNN also reports test accuracy on its test set. "nonfinite" counts new
+the trained digits models (the example CNN, and a GELU MLP made by tools/export_gelu_mlp.py)
+also report test accuracy on the digits test set. "nonfinite" counts new
 inf/NaN values.
 
     python benchmarks/bench_rules.py [--variants default bn-low ln-low softmax-low erf-fp32 ...]
@@ -26,7 +27,9 @@ from autocast_onnx.validate.emulate import emulation_model
 from autocast_onnx.validate.inputs import describe_inputs, generate, plan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ["bert_tiny", "gpt2_tiny", "vit_tiny", "resnet_tiny", "digits_cnn"]
+MODELS = ["bert_tiny", "gpt2_tiny", "vit_tiny", "resnet_tiny", "digits_cnn", "digits_gelu_mlp"]
+# trained models made for this evidence (tools/export_gelu_mlp.py); the others are the examples
+EVIDENCE = {"digits_gelu_mlp": ROOT / "tests" / "data" / "evidence" / "digits_gelu_mlp.onnx"}
 VARIANTS = {
     "default": "",
     "previous (bn-fp32)": '[ops.keep_fp32]\nBatchNormalization = "the default before the measured change"\n',
@@ -51,14 +54,16 @@ def _session(model: onnx.ModelProto):
 
 
 def _feeds(name: str, model: onnx.ModelProto) -> dict:
-    if name == "digits_cnn":
+    if name.startswith("digits"):
         data = np.load(ROOT / "examples" / "data" / "digits_test.npz")
-        return {model.graph.input[0].name: data["x"]}
+        rank = len(model.graph.input[0].type.tensor_type.shape.dim)
+        x = data["x"] if rank == 4 else data["x"].reshape(len(data["x"]), -1)
+        return {model.graph.input[0].name: x}
     return generate(plan_inputs(describe_inputs(model)), seed=0)
 
 
 def measure(name: str, variant: str, rules_dir: Path) -> dict:
-    source = onnx.load(str(ROOT / "examples" / "models" / f"{name}.onnx"))
+    source = onnx.load(str(EVIDENCE.get(name, ROOT / "examples" / "models" / f"{name}.onnx")))
     rules = []
     text = VARIANTS[variant]
     if text:
@@ -83,7 +88,7 @@ def measure(name: str, variant: str, rules_dir: Path) -> dict:
         "error": error,
         "nonfinite": nonfinite,
     }
-    if name == "digits_cnn":
+    if name.startswith("digits"):
         labels = np.load(ROOT / "examples" / "data" / "digits_test.npz")["y"]
         out["accuracy"] = float((got[0].argmax(1) == labels).mean())
     return out
