@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -338,9 +339,12 @@ def default_output_path(in_path: Path, precision: str) -> Path:
     return in_path.with_name(f"{in_path.stem}.{precision}{in_path.suffix or '.onnx'}")
 
 
-def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, **options) -> ConversionResult:
+def convert_file(
+    in_path, out_path=None, *, plan_out=None, external_data=None, search_log=None, **options
+) -> ConversionResult:
     """Convert the model at `in_path` and write it atomically to `out_path` (default: beside the
-    input as NAME.fp16.onnx). Never writes over the input."""
+    input as NAME.fp16.onnx). Never writes over the input. `search_log` (from plan_on_data's
+    --target search) is recorded in the plan."""
     in_path = Path(in_path)
     precision = options.get("precision") or "fp16"
     if options.get("plan") is not None and not options.get("precision"):
@@ -404,6 +408,10 @@ def convert_file(in_path, out_path=None, *, plan_out=None, external_data=None, *
     if check != "none" and big:
         check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t
+    if search_log is not None:
+        result.plan.search = {k: v for k, v in search_log.items() if k != "attribution"} | {
+            "attribution": {k: (v if math.isfinite(v) else None) for k, v in search_log.get("attribution", {}).items()}
+        }
     if plan_out is not None:
         try:
             result.plan.save(plan_out)

@@ -143,3 +143,17 @@ def test_target_search_prints_one_line_per_step_without_a_terminal(tmp_path):
     steps = [line for line in outcome.stderr.splitlines() if line.startswith("--target search: evaluation")]
     assert len(steps) >= 3 and "evaluation 1: nothing kept fp32 -> fail: y:" in steps[0]
     assert "kept fp32 (attributed error):" in outcome.stdout
+
+
+def test_the_plan_records_the_target_search(tmp_path):
+    ref_path = tmp_path / "ref.onnx"
+    onnx.save(offset_model(), str(ref_path))
+    np.savez(tmp_path / "b.npz", **batch())
+    plan = tmp_path / "plan.json"
+    args = ["convert", str(ref_path), "-o", str(tmp_path / "o.onnx"), "--target", "rtol=0.01"]
+    assert_ok(invoke([*args, "--inputs", str(tmp_path / "b.npz"), "--plan-out", str(plan)]))
+    search = json.loads(plan.read_text())["search"]
+    assert search["kept"] == ["shift"] and search["evaluations"] >= 3 and search["seconds"] >= 0
+    assert set(search["attribution"]) == {"shift"}
+    # a plan with a search log replays like any other
+    assert_ok(invoke(["convert", str(ref_path), "-o", str(tmp_path / "p.onnx"), "--plan", str(plan)]))

@@ -558,7 +558,14 @@ def convert(
             else {"calibration": measured.calibration, "force_fp32": measured.force_fp32, **plan.convert_kwargs()}
         )
         result = convert_file(
-            model, out, plan_out=plan_out, external_data=external_data, check=check, loss_scale=loss_scale, **planning
+            model,
+            out,
+            plan_out=plan_out,
+            external_data=external_data,
+            check=check,
+            loss_scale=loss_scale,
+            search_log=measured.search_log,
+            **planning,
         )
         echo(conversion_summary(result, model, out))
         if plan_out:

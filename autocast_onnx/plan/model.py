@@ -115,6 +115,7 @@ class PrecisionPlan:
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
         self.source: str | None = None  # the file a replayed plan was read from
         self.training: dict | None = None  # the training graph and its loss scaling (None: inference)
+        self.search: dict | None = None  # the --target search that chose forced nodes (its log)
         nodes = nodes or []
         self.precisions: list = [Precision(n.precision) for n in nodes]
         self.categories: list[str] = [n.category for n in nodes]
@@ -165,6 +166,7 @@ class PrecisionPlan:
             "warnings": [asdict(w) for w in self.warnings],
             "clamp_initializers": self.clamp_initializers,
             **({"training": self.training} if self.training is not None else {}),
+            **({"search": self.search} if self.search is not None else {}),
             "nodes": [
                 {k: v for k, v in asdict(n).items() if not (k in ("fp32_inputs", "fp32_outputs") and not v)}
                 for n in self.nodes
