@@ -142,3 +142,47 @@ def test_search_stops_at_its_budget_with_a_passing_set(monkeypatch):
     assert log["budget_reached"] is True and log["evaluations"] <= 9 + 2
     ev = search_module._Evaluator(m, data, {"precision": "fp16"}, parse_target(["cosine=0.9999"]), "cpu")
     assert ev.passes(forced)[0]  # what it returns still meets the target
+
+
+def residual_net(blocks: int = 12, channels: int = 8):
+    """A small deep net whose error is rounding, not range: residual Conv/Relu blocks and a
+    sigmoid head, like benchmarks/bench_target.py's detector."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "x"
+    for k in range(blocks):
+        w = f"w{k}"
+        scale = (2 / (9 * channels)) ** 0.5 * 0.3
+        inits.append(init(w, (rng.standard_normal((channels, channels, 3, 3)) * scale).astype(np.float32)))
+        nodes.append(helper.make_node("Conv", [x, w], [f"c{k}"], name=f"conv{k}", pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"))
+        nodes.append(helper.make_node("Add", [x, f"r{k}"], [f"s{k}"], name=f"add{k}"))
+        x = f"s{k}"
+    inits.append(init("wh", (rng.standard_normal((1, channels, 1, 1)) * 0.5).astype(np.float32)))
+    nodes.append(helper.make_node("Conv", [x, "wh"], ["logit"], name="head"))
+    nodes.append(helper.make_node("Sigmoid", ["logit"], ["p"], name="prob"))
+    return model(
+        nodes,
+        [tensor("x", F32, [1, channels, 16, 16])],
+        [tensor("p", F32, [1, 1, 16, 16])],
+        inits,
+    )
+
+
+def test_search_on_a_deep_net_meets_the_target_within_its_budget():
+    m = residual_net()
+    rng = np.random.default_rng(1)
+    data = [{"x": rng.random((1, 8, 16, 16), dtype=np.float32)} for _ in range(2)]
+    target = parse_target(["rtol=0.0003"])
+    forced, log = search(m, data, {"precision": "fp16"}, target)
+    assert log["evaluations"] <= search_module_budget() + 3
+    assert log["kept"] and len(log["kept"]) < log["candidates"]
+    from autocast_onnx.validate.search import _Evaluator
+
+    assert _Evaluator(m, data, {"precision": "fp16"}, target, "cpu").passes(forced)[0]
+
+
+def search_module_budget() -> int:
+    from autocast_onnx.validate.search import MAX_EVALUATIONS
+
+    return MAX_EVALUATIONS
