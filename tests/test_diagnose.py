@@ -5,6 +5,7 @@ reports and refuses options that would do nothing."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -157,3 +158,28 @@ def test_the_plan_records_the_target_search(tmp_path):
     assert set(search["attribution"]) == {"shift"}
     # a plan with a search log replays like any other
     assert_ok(invoke(["convert", str(ref_path), "-o", str(tmp_path / "p.onnx"), "--plan", str(plan)]))
+
+
+def test_the_search_bar_shows_the_best_passing_set_so_far():
+    from autocast_onnx.validate.search import parse_target, search
+
+    labels, updates = [], []
+
+    class Bar:
+        def update(self, n):
+            updates.append(n)
+
+        def describe(self, text):
+            labels.append(text)
+
+        def finish(self):
+            updates.append("done")
+
+    def progress(label, total):
+        labels.append(label)
+        return Bar()
+
+    search(offset_model(), [batch(0)], {"precision": "fp16"}, parse_target(["rtol=0.01"]), progress=progress)
+    assert labels[0].startswith("--target search (at most")
+    assert any(re.search(r"best so far: \d+ nodes? kept fp32", t) for t in labels[1:]), labels
+    assert updates[-1] == "done" and updates.count(1) >= 3

@@ -336,6 +336,11 @@ def _progress(label, total):
         def update(self, n):
             bar.update(n)
 
+        def describe(self, text: str) -> None:
+            """Change the label (e.g. the search's best passing set so far)."""
+            bar.label = text
+            bar.render_progress()
+
         def finish(self):
             bar.__exit__(None, None, None)
 

@@ -357,6 +357,9 @@ def search(
         step(what, ok, failures)
         if ok and len(ids) < len(best):
             best = ids
+            if bar is not None and hasattr(bar, "describe"):
+                count = f"{len(best)} node{'s' if len(best) != 1 else ''}"
+                bar.describe(f"--target search (best so far: {count} kept fp32)")
         return ok
 
     budget_hit = False
