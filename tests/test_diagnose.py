@@ -183,3 +183,17 @@ def test_the_search_bar_shows_the_best_passing_set_so_far():
     assert labels[0].startswith("--target search (at most")
     assert any(re.search(r"best so far: \d+ nodes? kept fp32", t) for t in labels[1:]), labels
     assert updates[-1] == "done" and updates.count(1) >= 3
+
+
+def test_unrelated_models_are_refused():
+    from autocast_onnx.errors import AutocastError
+
+    other = parse(
+        """
+        other (float[8,16] x) => (float[8,16] y) {
+            [elsewhere] y = MatMul(x, w)
+        }""",
+        w=randn([16, 16]),
+    )
+    with pytest.raises(AutocastError, match="no node of the converted model matches"):
+        diagnose(offset_model(), autocast_onnx.convert(other).model, batch=batch())

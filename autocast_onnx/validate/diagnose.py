@@ -246,6 +246,12 @@ def diagnose(reference, converted, *, batch: dict, device: str = "cpu", plan=Non
                 low_out[(node.name, port)] = t
         local_candidates.append(node)
 
+    if ref_index.main.nodes and not errors:
+        raise AutocastError(
+            "no node of the converted model matches a node of the reference by name and op type",
+            "diagnose",
+            "pass the fp32 model CONVERTED was converted from, as REFERENCE",
+        )
     opsets = [helper.make_opsetid(o.domain, o.version) for o in reference.opset_import]
     for start in range(0, len(local_candidates), GROUP):
         group = local_candidates[start : start + GROUP]
