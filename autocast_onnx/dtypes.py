@@ -18,6 +18,23 @@ PRECISION_OF: dict[str, int] = {"fp32": FLOAT, "fp16": FLOAT16, "bf16": BFLOAT16
 NAME_OF: dict[int, str] = {FLOAT: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16"}
 TYPE_STR: dict[int, str] = {FLOAT: "tensor(float)", FLOAT16: "tensor(float16)", BFLOAT16: "tensor(bfloat16)"}
 
+# Bytes per element of the fixed-size types (what a tensor of that type holds per value).
+ITEMSIZE: dict[int, int] = {
+    FLOAT: 4,
+    FLOAT16: 2,
+    BFLOAT16: 2,
+    TensorProto.DOUBLE: 8,
+    TensorProto.INT64: 8,
+    TensorProto.UINT64: 8,
+    TensorProto.INT32: 4,
+    TensorProto.UINT32: 4,
+    TensorProto.INT16: 2,
+    TensorProto.UINT16: 2,
+    TensorProto.INT8: 1,
+    TensorProto.UINT8: 1,
+    TensorProto.BOOL: 1,
+}
+
 # Largest finite value and smallest positive subnormal of each low-precision type.
 LIMITS: dict[int, tuple[float, float]] = {
     FLOAT16: (65504.0, 2.0**-24),

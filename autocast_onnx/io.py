@@ -28,6 +28,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
+from .dtypes import ITEMSIZE
 from .errors import AutocastError, InternalCheckError
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -683,20 +684,7 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.HasField("raw_data"):
         return len(tensor.raw_data)
     count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-    itemsizes: dict[int, int] = {
-        onnx.TensorProto.FLOAT16: 2,
-        onnx.TensorProto.BFLOAT16: 2,
-        onnx.TensorProto.DOUBLE: 8,
-        onnx.TensorProto.INT64: 8,
-        onnx.TensorProto.UINT64: 8,
-        onnx.TensorProto.INT8: 1,
-        onnx.TensorProto.UINT8: 1,
-        onnx.TensorProto.BOOL: 1,
-        onnx.TensorProto.INT16: 2,
-        onnx.TensorProto.UINT16: 2,
-    }
-    itemsize = itemsizes.get(tensor.data_type, 4)
-    return count * itemsize
+    return count * ITEMSIZE.get(tensor.data_type, 4)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -65,6 +65,7 @@ CONFIG = {"empty": "", "directory": "{dir}", "missing": "{missing}", "invalid": 
 REGEX = {"empty": "", "blank": "   ", "bad_regex": "(["}
 OP = {"empty": "", "blank": "   "}
 SELECTOR = {"empty": "", "blank": " ", "unknown": "ZZ999"}
+PLAN_FILE = {"empty": "", "directory": "{dir}", "missing": "{missing}", "not_a_plan": "{text}", "a_model": "{model}"}
 
 
 def choice(*_):
@@ -200,13 +201,7 @@ HOSTILE = {
             "zero": Valid("atol=0 (exact results) is a legitimate target"),
         },
         "run_validate": NO_VALUE,
-        "plan_file": {
-            "empty": "",
-            "directory": "{dir}",
-            "missing": "{missing}",
-            "not_a_plan": "{text}",
-            "a_model": "{model}",
-        },
+        "plan_file": PLAN_FILE,
         "config": CONFIG,
         "verbose": NO_VALUE,
         **VALIDATION,
@@ -288,13 +283,7 @@ HOSTILE = {
         "dims": VALIDATION["dims"],
         "ranges": VALIDATION["ranges"],
         "seed": VALIDATION["seed"],
-        "plan_file": {
-            "empty": "",
-            "directory": "{dir}",
-            "missing": "{missing}",
-            "not_a_plan": "{text}",
-            "a_model": "{model}",
-        },
+        "plan_file": PLAN_FILE,
         "top": {
             "negative": "-1",
             "zero": "0",

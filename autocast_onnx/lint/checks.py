@@ -63,7 +63,16 @@ class LintContext:
 
             load_rules(self.rules)  # a broken rule file is the user's error, reported now
         self._plan: list[str] | None = None  # Precision per node id (a str enum), once computed
+        self._training: tuple | None = None  # (TrainingGraph or None,), once recognised
         self._patterns: list[dict] | None = None
+
+    def training(self):
+        """The model's training-graph recognition (graph/training.py), once per context."""
+        if self._training is None:
+            from ..graph.training import recognise
+
+            self._training = (recognise(self.model),)
+        return self._training[0]
 
     # ---- node facts ----------------------------------------------------------------------
     @staticmethod
@@ -531,9 +540,7 @@ _CLEAR_PATH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transp
 
 
 def _training(ctx):
-    from ..graph.training import recognise
-
-    return recognise(ctx.model)
+    return ctx.training()
 
 
 def gradient_accumulation(ctx, check):

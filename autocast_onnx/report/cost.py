@@ -12,16 +12,9 @@ import math
 import onnx
 from onnx import TensorProto
 
+from ..dtypes import ITEMSIZE
+
 LIMIT_NODES = 20_000  # above this, shape inference would cost as much as the conversion
-_BYTES = {
-    TensorProto.FLOAT: 4,
-    TensorProto.FLOAT16: 2,
-    TensorProto.BFLOAT16: 2,
-    TensorProto.DOUBLE: 8,
-    TensorProto.INT64: 8,
-    TensorProto.INT32: 4,
-    TensorProto.BOOL: 1,
-}
 MAC_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
 
@@ -93,10 +86,10 @@ def conversion_cost(result) -> dict:
     for node in casts:
         src = shapes.get(node.input[0], (None, None))
         dst_type = next((a.i for a in node.attribute if a.name == "to"), None)
-        if src[1] is None or src[0] not in _BYTES or dst_type not in _BYTES:
+        if src[1] is None or src[0] not in ITEMSIZE or dst_type not in ITEMSIZE:
             unknown_casts += 1
             continue
-        cast_bytes += math.prod(src[1]) * (_BYTES[src[0]] + _BYTES[dst_type])
+        cast_bytes += math.prod(src[1]) * (ITEMSIZE[src[0]] + ITEMSIZE[dst_type])
     macs_low = macs_total = 0
     unknown_macs = 0
     for node in macs_nodes:

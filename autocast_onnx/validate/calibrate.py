@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from ..dtypes import MIXABLE
 from ..graph import build_index
@@ -57,12 +56,7 @@ def calibrate(model: onnx.ModelProto, batches: list[dict], device: str = "cpu", 
     groups = [node_values[i : i + GROUP] for i in range(0, len(node_values), GROUP)]
     bar = progress("calibrating", len(groups) * len(batches)) if progress else None
     for group in groups:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        del probe.graph.output[:]
-        for name in group:
-            probe.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-        sess = runner.session(probe.SerializeToString(), device)
+        sess = runner.session(runner.with_outputs(model, group, types), device)
         for batch in batches:
             outputs = runner.run(sess, batch)
             for name, array in zip(group, outputs):

@@ -94,12 +94,7 @@ def _capture(model: onnx.ModelProto, names: list[str], types: dict, batch: dict,
     feeds = {i.name: batch[i.name] for i in model.graph.input if i.name in batch}
     for start in range(0, len(names), GROUP):
         group = names[start : start + GROUP]
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        del probe.graph.output[:]
-        for name in group:
-            probe.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-        sess = runner.session(probe.SerializeToString(), device)
+        sess = runner.session(runner.with_outputs(model, group, types), device)
         out.update(zip(group, runner.run(sess, feeds)))
         del sess
     return out

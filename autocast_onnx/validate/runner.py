@@ -39,6 +39,19 @@ def resolve_device(requested: str) -> tuple[str, str | None]:
     return "cpu", "no CUDA execution provider available: ran on CPU"
 
 
+def with_outputs(model, names, types: dict) -> bytes:
+    """`model` serialized with exactly `names` (of element types `types[name]`) as its outputs:
+    how calibration and attribution read intermediate tensors, a group at a time."""
+    import onnx
+    from onnx import helper
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(helper.make_tensor_value_info(name, types[name], None) for name in names)
+    return probe.SerializeToString()
+
+
 def session(model_bytes: bytes | str, device: str, optimize: bool = True):
     """An inference session for serialized model bytes or a model path."""
     rt = ort()
