@@ -14,7 +14,7 @@ Three kinds are recognised, from the strongest evidence down:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -74,13 +74,6 @@ class TrainingGraph:
         else:
             what = f"forward graph ending in a loss ({', '.join(self.losses)})"
         return what
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["accumulations"] = [
-            {"parameter": a.parameter, "gradient": a.gradient, "buffer": a.buffer} for a in self.accumulations
-        ]
-        return out
 
 
 def _is_gradient_op(node) -> bool:

@@ -27,7 +27,6 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import AutocastError, InternalCheckError
 from ..graph.training import (
     ALL_FINITE_OUTPUT,
-    BUFFER_SUFFIX,
     LOSS_SCALE_INPUT,
     LOSS_SCALE_MARK,
     TrainingGraph,
@@ -249,7 +248,6 @@ def _set_mark(model: onnx.ModelProto, value: str) -> None:
 
 
 __all__ = [
-    "BUFFER_SUFFIX",
     "LossScale",
     "LossScaling",
     "parse_loss_scale",
