@@ -29,6 +29,7 @@ from .io import (
 )
 from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
+from .report.cost import MAC_OPS, node_macs, tensor_shapes
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
 from .rewrite.loss_scale import (
@@ -60,6 +61,9 @@ class ConversionResult:
     output_files: list = field(default_factory=list)
     training: TrainingGraph | None = None  # what kind of training graph the input was (None: inference)
     loss_scaling: LossScaling | None = None  # what the loss-scaling rewrite added
+    # inferred on the input (tensor name -> (elem type, shape)); None over report.cost.LIMIT_NODES
+    shapes: dict | None = field(default=None, repr=False)
+    macs: list | None = field(default=None, repr=False)  # (node id, multiply-accumulates) per MatMul/Gemm/Conv
 
     @property
     def casts_added(self) -> int:
@@ -246,7 +250,12 @@ def _convert_loaded(
         bytes_before = _initializer_bytes(index)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
+        shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
+        compute = [n for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
+        work = list(zip((n.id for n in compute), node_macs(model, shapes))) if shapes is not None else None
         if plan is None:
+            head = training is None or not training.has_backward
+            macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None
             classification = classify(
                 index,
                 rule_set,
@@ -256,7 +265,8 @@ def _convert_loaded(
                 include_nodes=incl_nodes,
                 ranges=calibration,
                 force_fp32=force_fp32,
-                output_head=training is None or not training.has_backward,
+                output_head=head,
+                macs=macs,
             )
             plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
         else:
@@ -288,6 +298,8 @@ def _convert_loaded(
         seconds=timings,
         training=training,
         loss_scaling=scaling,
+        shapes=shapes,
+        macs=work,
     )
 
 

@@ -32,7 +32,11 @@ MODELS = ["bert_tiny", "gpt2_tiny", "vit_tiny", "resnet_tiny", "digits_cnn", "di
 EVIDENCE = {"digits_gelu_mlp": ROOT / "tests" / "data" / "evidence" / "digits_gelu_mlp.onnx"}
 VARIANTS = {
     "default": "",
-    "previous (bn-fp32)": '[ops.keep_fp32]\nBatchNormalization = "the default before the measured change"\n',
+    "before (bn-fp32, no head)": (
+        '[ops.keep_fp32]\nBatchNormalization = "the default before the measured change"\n'
+        '[settings]\noutput_head = "off"\n'
+    ),
+    "head-off": '[settings]\noutput_head = "off"\n',
     "bn-fp16-params": '[pins]\nBatchNormalization = { inputs = [], why = "parameters converted with the data" }\n',
     "ln-low": '[ops.follow]\nLayerNormalization = "fp16 data; ORT CUDA accumulates in fp32"\n',
     "softmax-low": '[ops.follow]\nSoftmax = "fp16 data; ORT CUDA accumulates in fp32"\n',
@@ -40,7 +44,6 @@ VARIANTS = {
         '[ops.follow]\nBatchNormalization = "fp16 data"\nLayerNormalization = "fp16 data"\nSoftmax = "fp16 data"\n'
     ),
     "erf-fp32": '[ops.keep_fp32]\nErf = "GELU chain in fp32"\n',
-    "head-fp32": '[settings]\noutput_head = "fp32"\n',
 }
 
 
@@ -83,6 +86,7 @@ def measure(name: str, variant: str, rules_dir: Path) -> dict:
     out = {
         "casts": result.stats.casts_added,
         "cast_bytes": cost.get("cast_bytes"),
+        "low_macs": cost["macs_low_precision"] / cost["macs"] if cost.get("macs") else None,
         "fp32_nodes": sum(1 for p in result.plan.precisions if p == "fp32"),
         "nodes": len(result.plan.precisions),
         "error": error,
@@ -100,16 +104,20 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        print("| model | variant | casts | cast bytes | fp32 nodes | rel. error | new inf/NaN | accuracy |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print(
+            "| model | variant | casts | cast bytes | fp32 nodes | low-precision MACs | rel. error "
+            "| new inf/NaN | accuracy |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         totals: dict = {}
         for name in args.models:
             for variant in args.variants:
                 m = measure(name, variant, Path(tmp))
                 acc = f"{m['accuracy'] * 100:.2f}%" if "accuracy" in m else ""
+                low = f"{m['low_macs'] * 100:.1f}%" if m["low_macs"] is not None else "n/a"
                 print(
                     f"| {name} | {variant} | {m['casts']} | {m['cast_bytes']:,} | {m['fp32_nodes']}/{m['nodes']} | "
-                    f"{m['error']:.2e} | {m['nonfinite']} | {acc} |"
+                    f"{low} | {m['error']:.2e} | {m['nonfinite']} | {acc} |"
                 )
                 t = totals.setdefault(variant, [0, 0.0])
                 t[0] += m["casts"]

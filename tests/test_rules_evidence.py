@@ -3,12 +3,16 @@ each with the minimal graph that shows it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import F16, F32, parse, randn
 from lint_helpers import findings
 
 import autocast_onnx
+
+MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 
 
 def conv_bn_relu(opset: int, params=np.float32):
@@ -78,34 +82,58 @@ def test_lint_flags_a_training_mode_batchnorm_in_fp16():
     assert len(findings(m, "AC102")) == 1
 
 
-def head_model():
+def head_model(hidden: int = 256):
     return parse(
-        """
-        head (float[4,16] x) => (float[4,8] y) {
+        f"""
+        head (float[4,{hidden}] x) => (float[4,8] y) {{
             [body] h = MatMul(x, w1)
             [act] a = Relu(h)
             [head] z = MatMul(a, w2)
             [prob] y = Sigmoid(z)
-        }""",
-        w1=randn([16, 16]),
-        w2=randn([16, 8], seed=1),
+        }}""",
+        w1=randn([hidden, hidden]),
+        w2=randn([hidden, 8], seed=1),
     )
 
 
-def test_output_head_setting_keeps_the_last_layer_before_the_output_fp32(tmp_path):
-    rules = tmp_path / "head.toml"
-    rules.write_text('[settings]\noutput_head = "fp32"\n')
-    plain = autocast_onnx.convert(head_model())
-    assert {n.name: n.precision for n in plain.plan.nodes}["head"] == "fp16"
-    result = autocast_onnx.convert(head_model(), rules=[rules], check="full")
+def test_output_head_stays_fp32_by_default_when_it_is_a_small_share_of_the_work(tmp_path):
+    # the head MatMul does 8 / (256 + 8) = 3 % of the multiply-accumulates
+    result = autocast_onnx.convert(head_model(), check="full")
     plan = {n.name: n.precision for n in result.plan.nodes}
     assert plan == {"body": "fp16", "act": "fp16", "head": "fp32", "prob": "fp32"}
     reason = result.plan.by_name("head")[0].reasons[-1]
-    assert reason.code == "output-head" and "head.toml" in reason.source
+    assert reason.code == "output-head" and reason.source.startswith("rules/default.toml")
+    assert "3.0% of the MatMul/Gemm/Conv work" in reason.message
+    off = tmp_path / "off.toml"
+    off.write_text('[settings]\noutput_head = "off"\n')
+    plain = autocast_onnx.convert(head_model(), rules=[off])
+    assert {n.name: n.precision for n in plain.plan.nodes}["head"] == "fp16"
     assert result.stats.casts_added == plain.stats.casts_added  # one cast moves, none is added
     # a [[nodes]] rule still decides over it
-    rules.write_text('[settings]\noutput_head = "fp32"\n[[nodes]]\nmatch = "^head$"\nprecision = "low"\n')
-    assert autocast_onnx.convert(head_model(), rules=[rules]).plan.by_name("head")[0].precision == "fp16"
+    off.write_text('[[nodes]]\nmatch = "^head$"\nprecision = "low"\n')
+    assert autocast_onnx.convert(head_model(), rules=[off]).plan.by_name("head")[0].precision == "fp16"
+
+
+def test_output_head_doing_much_of_the_work_stays_low_precision(tmp_path, caplog):
+    # head 8 / (16 + 8) = 33 % of the work: by default it converts, quietly (a log line at info)
+    result = autocast_onnx.convert(head_model(16))
+    assert {n.name: n.precision for n in result.plan.nodes}["head"] == "fp16"
+    # asked for in a user's rule file, the rule says why it did nothing
+    rules = tmp_path / "head.toml"
+    rules.write_text('[settings]\noutput_head = "fp32"\n')
+    with caplog.at_level("WARNING", logger="autocast_onnx"):
+        result = autocast_onnx.convert(head_model(16), rules=[rules])
+    assert {n.name: n.precision for n in result.plan.nodes}["head"] == "fp16"
+    assert "output head of 'y' left low precision: it does 33.3% of the MatMul/Gemm/Conv work" in caplog.text
+
+
+def test_output_head_share_counts_only_work_that_can_be_low_precision():
+    # bf16 Conv has no schema type: the Gemm head is all the bf16 work and stays bf16
+    result = autocast_onnx.convert(MODELS / "resnet_tiny.onnx", precision="bf16")
+    assert [n.precision for n in result.plan.nodes if n.op_type == "Gemm"] == ["bf16"]
+    fp16 = autocast_onnx.convert(MODELS / "resnet_tiny.onnx")
+    assert [n.precision for n in fp16.plan.nodes if n.op_type == "Gemm"] == ["fp32"]
+    assert {n.precision for n in fp16.plan.nodes if n.op_type == "Conv"} == {"fp16"}
 
 
 def test_output_head_is_not_applied_to_training_graphs_or_long_chains(tmp_path):

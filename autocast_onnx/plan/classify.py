@@ -100,6 +100,7 @@ def classify(
     ranges=None,
     force_fp32=None,
     output_head: bool = True,
+    macs: dict[str, int | None] | None = None,
 ) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
@@ -112,13 +113,15 @@ def classify(
 
     `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it).
     With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
-    graphs), the output heads are seeded DENY before pass 3, which may override them."""
+    graphs), the output heads that hold a small share of the `macs` (first output of each
+    MatMul/Gemm/Conv/ConvTranspose -> multiply-accumulates, from report.cost.node_macs) are
+    seeded DENY before pass 3, which may override them."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))
     _assign_categories(index, rules, result)
     planned = _assign_port_roles(index, rules, target, result)
     if output_head and rules.output_head.category == "fp32":
-        _apply_output_head(index, planned, rules.output_head, result)
+        _apply_output_head(index, planned, rules.output_head, macs, result)
     _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
@@ -255,16 +258,29 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
 
 HEAD_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 HEAD_LIMIT = 32  # a head longer than this is no head (e.g. a model without a final layer)
+HEAD_MAX_SHARE = 0.05  # a head doing more of the model's MatMul/Gemm/Conv work than this stays low
 
 
-def _apply_output_head(index: GraphIndex, planned, setting, result: Classification) -> None:
+def _apply_output_head(index: GraphIndex, planned, setting, macs, result: Classification) -> None:
     """Pass 2b: for each float output of the main graph, the nodes from it back to the last
-    MatMul/Gemm/Conv/ConvTranspose on every path (included) are seeded DENY: the output's final
-    rounding before a sigmoid, softmax or argmax is where fp16 costs most, and the head is small.
+    MatMul/Gemm/Conv/ConvTranspose on every path (included) are seeded DENY when their
+    multiply-accumulates are at most HEAD_MAX_SHARE of the model's: the output's final rounding
+    before a sigmoid, softmax or argmax is where fp16 costs most, and such a head is cheap in fp32.
+    A head that does much of the work (a language model's vocabulary projection, the only MatMul
+    of a small model) stays low precision, and so does one whose work is unknown.
 
         logits = Gemm(h, W) -> prob = Sigmoid(logits) (output) -> Gemm and Sigmoid stay fp32"""
     planned_ids = {node.id for node in planned}
     seeds, reasons = result.seeds, result.reasons
+    # the work that can run in low precision: compute nodes the rules and schemas leave free
+    # (bf16 Conv has no schema type: a bf16 model's only low-precision work may be its head)
+    total = sum(
+        macs.get(n.outputs[0].name) or 0
+        for n in planned
+        if n.op in HEAD_OPS and n.outputs and n.outputs[0] is not None and seeds[n.id] not in (Seed.DENY, Seed.SCHEMA)
+    ) if macs else 0  # fmt: skip
+    explicit = setting.source.file != "rules/default.toml"  # a user's rule file asked for it: say why not
+    report = log.warning if explicit else log.info
     count = 0
     for value in index.main.outputs:
         if value.dtype not in MIXABLE or value.producer is None:
@@ -280,11 +296,26 @@ def _apply_output_head(index: GraphIndex, planned, setting, result: Classificati
             if node.op not in HEAD_OPS:
                 stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
         if len(head) > HEAD_LIMIT:
+            report("output head of '%s' left to the other rules: over %d nodes back to a MatMul/Gemm/Conv",
+                   value.name, HEAD_LIMIT)  # fmt: skip
+            continue
+        work = [macs.get(n.outputs[0].name) if macs and n.outputs and n.outputs[0] is not None else None
+                for n in head if n.op in HEAD_OPS]  # fmt: skip
+        if any(m is None for m in work) or not total:
+            report("output head of '%s' left to the other rules: the work of its MatMul/Gemm/Conv is "
+                   "unknown (shapes not inferred)", value.name)  # fmt: skip
+            continue
+        share = sum(work) / total  # type: ignore[arg-type]
+        if share > HEAD_MAX_SHARE:
+            report("output head of '%s' left low precision: it does %.1f%% of the MatMul/Gemm/Conv work "
+                   "(the rule keeps heads of at most %.0f%% fp32)",
+                   value.name, 100 * share, 100 * HEAD_MAX_SHARE)  # fmt: skip
             continue
         reason = Reason(
             "output-head",
             f"part of the output head of '{value.name}' (the nodes from it back to the last "
-            "MatMul/Gemm/Conv): kept fp32 by the output_head setting",
+            f"MatMul/Gemm/Conv, {100 * share:.1f}% of the MatMul/Gemm/Conv work): kept fp32 by the "
+            "output_head setting",
             str(setting.source),
         )
         for node in head:
