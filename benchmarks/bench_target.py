@@ -7,13 +7,15 @@ HardSwish -> Conv -> BatchNormalization -> Add, and a head ConvTranspose -> Sigm
 sit near the threshold, so rounding that grows through the blocks shows at the output (no tensor
 leaves the fp16 range).
 
-    python benchmarks/bench_target.py [--blocks 100] [--target rtol=0.0003]
+    python benchmarks/bench_target.py [--blocks 100] [--target rtol=0.0003] [--bisection]
+    python benchmarks/bench_target.py --model tests/data/evidence/text_detector.onnx --target rtol=0.005
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -128,15 +130,29 @@ def bisection(model, batches, target: str) -> tuple[dict, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=100)
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="Search this model instead (e.g. tests/data/evidence/text_detector.onnx); its inputs come from "
+        "the .npz beside it, one batch per row.",
+    )
     parser.add_argument("--target", default="rtol=0.0003")
     parser.add_argument("--bisection", action="store_true", help="Also run the plain bisection, for comparison.")
     args = parser.parse_args()
-    model = detector(args.blocks)
-    rng = np.random.default_rng(1)
-    batches = [{"image": rng.random((1, 3, 32, 32), dtype=np.float32)} for _ in range(2)]
+    if args.model is not None:
+        model = onnx.load(str(args.model))
+        data = np.load(args.model.with_suffix(".npz"))
+        rows = len(data[data.files[0]])
+        batches = [{k: data[k][i : i + 1] for k in data.files} for i in range(rows)]
+        what = f"{args.model.name}, {len(batches)} batches"
+    else:
+        model = detector(args.blocks)
+        rng = np.random.default_rng(1)
+        batches = [{"image": rng.random((1, 3, 32, 32), dtype=np.float32)} for _ in range(2)]
+        what = f"{args.blocks} blocks"
     nodes = len(model.graph.node)
     default = sum(1 for p in autocast_onnx.convert(model).plan.precisions if p == "fp32")
-    print(f"model: {nodes} nodes ({args.blocks} blocks); target {args.target}; fp32 with the default rules: {default}")
+    print(f"model: {nodes} nodes ({what}); target {args.target}; fp32 with the default rules: {default}")
     print("| search | seconds | evaluations | kept fp32 by the search | fp32 nodes after | casts |")
     print("|---|---:|---:|---:|---:|---:|")
     runs = [("attribution + bands", lambda: search(model, batches, {"precision": "fp16"}, parse_target([args.target])))]

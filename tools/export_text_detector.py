@@ -10,12 +10,13 @@ rounding of the deep layers show near it, as it does in a shipped model.
 
 Needs torch (CPU build), run from the training environment:
 
-    python tools/export_text_detector.py --out tests/data/evidence/text_detector.onnx
+    python tools/export_text_detector.py --out tests/data/evidence/text_detector.onnx --steps 2000
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -171,9 +172,9 @@ def f1(pred: np.ndarray, target: np.ndarray) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--inputs-out", type=Path, help="write held-out images (.npz, key 'x') here")
+    ap.add_argument("--inputs", type=int, default=4, help="held-out images written beside the model")
     ap.add_argument("--size", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-logit", type=float, default=175.0, help="largest logit after --head-scale")
     ap.add_argument("--seed", type=int, default=0)
@@ -223,8 +224,17 @@ def main() -> None:
         opset_version=17,
         dynamo=False,
     )
-    if args.inputs_out is not None:
-        np.savez_compressed(args.inputs_out, x=xt[:4])
+    np.savez_compressed(args.out.with_suffix(".npz"), image=xt[: args.inputs])
+    meta = {
+        "model": args.out.stem,
+        "description": "DB-style text detector: MobileNetV3-large x0.5, FPN neck, ConvTranspose head, sigmoid "
+        f"probability map; trained {args.steps} steps on generated text lines ({args.size}x{args.size})",
+        "held_out_pixel_f1": round(f1(prob, yt), 4),
+        "head_scale": round(scale, 4),
+        "largest_logit": args.max_logit,
+        "inputs": f"{args.out.with_suffix('.npz').name}: {args.inputs} held-out images (key 'image', one per batch)",
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB)")
 
 
