@@ -44,6 +44,7 @@ class PlanOptions:
     exclude_ops: tuple[str, ...] = ()  # op types (or domain:op) kept fp32
     exclude_nodes: tuple[str, ...] = ()  # node-name regexes kept fp32
     include_nodes: tuple[str, ...] = ()  # node-name regexes forced low
+    strict: bool = False  # a node rule, node pattern or --exclude-op that matches nothing is an error
     source: str | None = field(default=None, compare=False)  # the configuration file, if any
 
     def __post_init__(self) -> None:
@@ -58,6 +59,10 @@ class PlanOptions:
             object.__setattr__(self, name, tuple(str(v) for v in value))
         compile_patterns(self.exclude_nodes, "--exclude-node")
         compile_patterns(self.include_nodes, "--include-node")
+        from .catalog.loader import check_op_type
+
+        for op in self.exclude_ops:
+            check_op_type(op, "--exclude-op")
 
     @property
     def selects(self) -> bool:
@@ -73,6 +78,7 @@ class PlanOptions:
             "exclude_ops": list(self.exclude_ops),
             "exclude_nodes": list(self.exclude_nodes),
             "include_nodes": list(self.include_nodes),
+            "strict": self.strict,
         }
 
 
@@ -85,6 +91,7 @@ def plan_options(
     exclude_ops=(),
     exclude_nodes=(),
     include_nodes=(),
+    strict=None,
 ) -> PlanOptions:
     """PlanOptions from configuration `settings` (see config.load_settings) and flags: a flag that
     is given (not None, not empty) wins over the configuration."""
@@ -102,6 +109,7 @@ def plan_options(
         exclude_ops=tuple(pick(tuple(exclude_ops), "exclude_op", ())),
         exclude_nodes=tuple(pick(tuple(exclude_nodes), "exclude_node", ())),
         include_nodes=tuple(pick(tuple(include_nodes), "include_node", ())),
+        strict=bool(pick(strict, "strict", False)),
         source=settings.get("_source"),
     )
 
@@ -162,6 +170,7 @@ def validate_options(settings: dict | None = None, **flags):
         iterations=flags.get("iterations", 20),
         warmup=flags.get("warmup", 3),
         class_outputs=list(flags.get("class_outputs", ())),
+        strict=bool(flags.get("strict") or settings.get("strict", False)),
     )
 
 

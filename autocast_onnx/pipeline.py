@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from .catalog import load_rules
+from .catalog.loader import check_op_type
 from .errors import AutocastError
 from .graph import build_index
 from .graph.training import TrainingGraph, might_be_training, recognise
@@ -29,6 +30,7 @@ from .io import (
 )
 from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
+from .plan.classify import UNMATCHED
 from .report.cost import MAC_OPS, node_macs, tensor_shapes
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
@@ -107,6 +109,7 @@ def convert(
     force_fp32=None,
     plan: PrecisionPlan | str | os.PathLike | None = None,
     loss_scale: str | float | None = None,
+    strict: bool = False,
 ) -> ConversionResult:
     """Convert a model to mixed precision.
 
@@ -116,7 +119,9 @@ def convert(
     a plan written by `--plan-out` / `PrecisionPlan.save` (possibly edited) instead of planning:
     it must belong to this model, and no planning option may be given with it. `loss_scale`
     ("dynamic", "none" or a number; default dynamic for onnxruntime-training models) puts loss
-    scaling into a training graph (see rewrite/loss_scale.py). Returns the
+    scaling into a training graph (see rewrite/loss_scale.py). A node rule, --exclude-node,
+    --include-node or --exclude-op that matches no node is a plan warning, an error with
+    `strict`. Returns the
     converted model, the precision plan (node -> precision and reasons) and statistics. Raises
     AutocastError on bad input.
     """
@@ -142,6 +147,7 @@ def convert(
         force_fp32=force_fp32,
         plan=plan,
         loss_scale=loss_scale,
+        strict=strict,
     )
 
 
@@ -205,6 +211,7 @@ def _convert_loaded(
     force_fp32=None,
     plan=None,
     loss_scale=None,
+    strict=False,
 ) -> ConversionResult:
     if plan is not None:
         plan = _replayed_plan(
@@ -236,6 +243,8 @@ def _convert_loaded(
     if plan is not None and plan.training is not None:
         loss_scale = _replayed_loss_scale(plan, loss_scale)
     if plan is None:
+        for op in exclude_ops:
+            check_op_type(op, "--exclude-op")
         rule_set = load_rules(list(rules))
         excl_nodes = compile_patterns(exclude_nodes, "--exclude-node")
         incl_nodes = compile_patterns(include_nodes, "--include-node")
@@ -268,6 +277,12 @@ def _convert_loaded(
                 output_head=head,
                 macs=macs,
             )
+            unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
+            if strict and unmatched:
+                more = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
+                raise AutocastError(
+                    unmatched[0] + more, where, "fix the selector or drop it; without --strict it is a warning"
+                )
             plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
         else:
             check_plan_fits(plan, index)
@@ -463,6 +478,7 @@ def _api_options(options: dict) -> dict:
         "force_fp32",
         "plan",
         "loss_scale",
+        "strict",
     }
     unknown = set(options) - allowed
     if unknown:
@@ -478,6 +494,7 @@ def _api_options(options: dict) -> dict:
         "calibration": options.get("calibration"),
         "force_fp32": options.get("force_fp32"),
         "loss_scale": options.get("loss_scale"),
+        "strict": options.get("strict", False),
     }
 
 

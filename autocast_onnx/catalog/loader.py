@@ -13,6 +13,8 @@ over a data rule gets the conversion and a warning in the plan.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import re
 import sys
 from collections.abc import Sequence
@@ -178,6 +180,7 @@ def _merge(rules: RuleSet, path: Path) -> None:
         ) from None
     lines = _Lines(text)
     rules.files.append(where)
+    user_file = where != "rules/default.toml"
 
     def fail(what: str, line: int, hint: str) -> NoReturn:
         raise AutocastError(what, f"{where}:{line}", hint)
@@ -244,6 +247,8 @@ def _merge(rules: RuleSet, path: Path) -> None:
                     line,
                     'write OpType = "reason"',
                 )
+            if user_file:
+                check_op_type(op_key, f"{where}:{line} [{header}]")
             ident = (normalize_domain(match.group("domain") or ""), match.group("op"))
             if ident in seen:
                 other_cat, other_line = seen[ident]
@@ -262,6 +267,8 @@ def _merge(rules: RuleSet, path: Path) -> None:
         match = OP_KEY.match(op_key)
         if not match:
             fail(f"'{op_key}' is not an op name (OpType or domain:OpType)", line, "fix the key")
+        if user_file:
+            check_op_type(op_key, f"{where}:{line} [pins]")
         if not isinstance(spec, dict):
             fail(f"pin '{op_key}' must be a table like {{ inputs = [2], why = \"...\" }}", line, "fix the entry")
         for key in spec:
@@ -310,6 +317,8 @@ def _merge(rules: RuleSet, path: Path) -> None:
         op_types = entry.get("op_types")
         if op_types is not None and (not isinstance(op_types, list) or not all(isinstance(o, str) for o in op_types)):
             fail("[[nodes]] op_types must be a list of op names", line, "fix the list")
+        for op_type in op_types or ():
+            check_op_type(op_type, f"{where}:{line} [[nodes]] op_types")
         rules.node_rules.append(
             NodeRule(
                 pattern,
@@ -320,6 +329,44 @@ def _merge(rules: RuleSet, path: Path) -> None:
                 Source(where, line),
             )
         )
+
+
+@functools.cache
+def known_op_types() -> frozenset[str]:
+    """Op types of the default ONNX domain that anything can name: the installed onnx package's
+    schemas, ONNX Runtime's registered ops (autocast_onnx/data) and the default rule profile.
+
+        "Softmax" in known_op_types() -> True; "Softmaxx" -> False"""
+    import json
+
+    import onnx
+
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
+    data = Path(__file__).resolve().parent.parent / "data"
+    for file in ("ort_signatures.json", "ort_training_signatures.json"):
+        names.update(k for k in json.loads((data / file).read_text(encoding="utf-8")) if ":" not in k)
+    default = tomllib.loads(default_rules_path().read_text(encoding="utf-8"))
+    for table in list(default.get("ops", {}).values()) + [default.get("pins", {})]:
+        names.update(k for k in table if ":" not in k)
+    return frozenset(names)
+
+
+def check_op_type(op_key: str, where: str | None) -> None:
+    """Refuse a default-domain op type that no schema, ONNX Runtime registration or rule knows,
+    with the nearest names; `domain:OpType` (a custom domain) is taken as written."""
+    match = OP_KEY.match(op_key)
+    if match is None or normalize_domain(match.group("domain") or "") != "":
+        return
+    op = match.group("op")
+    if op in known_op_types():
+        return
+    near = difflib.get_close_matches(op, sorted(known_op_types()), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(near)}? " if near else "check the spelling; "
+    raise AutocastError(
+        f"op type '{op}' is in no ONNX schema and is no known runtime op",
+        where,
+        hint + "write a custom op as domain:OpType",
+    )
 
 
 def _expect_table(value, name: str, lines: _Lines, where: str) -> None:

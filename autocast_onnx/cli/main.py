@@ -114,6 +114,18 @@ def config_option(f):
     )(f)
 
 
+def strict_option(f):
+    """--strict: what is otherwise a warning (a selector that matches nothing, a comparison that
+    compares nothing) is an error or a failure."""
+    return click.option(
+        "--strict",
+        is_flag=True,
+        help="Warnings fail: a node rule, --exclude-node/--include-node pattern or --exclude-op that matches "
+        "no node is an error (exit 2); a validation that compares nothing (empty batch, non-finite reference, "
+        "the same model twice, arguments swapped) fails (exit 1).",
+    )(f)
+
+
 def verbose_option(f):
     """-v: debug log lines of every stage and pass on stderr."""
     return click.option("-v", "--verbose", is_flag=True, help="Log each stage and pass (stderr).")(f)
@@ -213,6 +225,7 @@ def _plan_from(settings, kw, keep_io: bool = True):
         exclude_ops=kw.get("exclude_op", ()),
         exclude_nodes=kw.get("exclude_node", ()),
         include_nodes=kw.get("include_node", ()),
+        strict=kw.get("strict") or None,
     )
 
 
@@ -232,6 +245,17 @@ def _refuse_unused(ctx, names, why: str, hint: str) -> None:
     given = _given(ctx, names)
     if given:
         raise AutocastError(f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}", None, hint)
+
+
+def _refuse_generation_with_inputs(ctx, kw) -> None:
+    """--inputs gives the batches: the options that shape generated inputs would do nothing."""
+    if kw.get("inputs") is not None:
+        _refuse_unused(
+            ctx,
+            ("dims", "ranges", "batches", "seed"),
+            "with --inputs (the arrays' own shapes and values are used)",
+            "drop them, or drop --inputs to generate inputs",
+        )
 
 
 def validation_options(f):
@@ -424,6 +448,7 @@ def cli() -> None:
     help="Then validate the result against MODEL (accuracy and speed; exit 1 if a threshold fails).",
 )
 @validation_options
+@strict_option
 @config_option
 @verbose_option
 @click.pass_context
@@ -473,6 +498,7 @@ def convert(
                 )
                 if calibration_data is None:
                     _refuse_unused(ctx, ("device",), "without --validate, --target or --calibration-data", "drop it")
+        _refuse_generation_with_inputs(ctx, kw)
         settings, config_file = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         if loss_scale is not None:
@@ -655,6 +681,7 @@ def emulate(model, output, quiet, verbose) -> None:
 @click.argument("reference", type=PATH)
 @click.argument("converted", type=PATH)
 @validation_options
+@strict_option
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; use the exit code.")
 @config_option
 @verbose_option
@@ -694,6 +721,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
         from ..report.validation import validation_text
         from ..validate.core import validate as run_validation
 
+        _refuse_generation_with_inputs(ctx, kw)
         settings, config_file = _setup(config, verbose)
         options = validate_options(settings, **kw)
         check_outputs(
@@ -993,6 +1021,7 @@ def explain(model, node, calibration_data, config, verbose, **kw) -> None:
 @click.option("--sarif", type=PATH, help="Write the lint findings as SARIF 2.1.0 ('-': stdout).")
 @click.option("--no-validate", "skip_validate", is_flag=True, help="Skip the accuracy/speed validation.")
 @validation_options
+@strict_option
 @config_option
 @verbose_option
 @click.pass_context
@@ -1025,6 +1054,7 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
                 "with --no-validate",
                 "drop them or run the validation",
             )
+        _refuse_generation_with_inputs(ctx, kw)
         settings, source = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         options = lint_options(settings, select=select, ignore=ignore, fail_on=fail_on, plan=plan)

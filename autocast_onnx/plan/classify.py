@@ -256,6 +256,7 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     return planned
 
 
+UNMATCHED = "unmatched-selector"  # warning code: a node rule, pattern or --exclude-op that matched nothing
 HEAD_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 HEAD_LIMIT = 32  # a head longer than this is no head (e.g. a model without a final layer)
 HEAD_MAX_SHARE = 0.05  # a head doing more of the model's MatMul/Gemm/Conv work than this stays low
@@ -338,12 +339,14 @@ def _apply_selections(
         return
     seeds, reasons = result.seeds, result.reasons
     count = 0
+    used: set = set()  # the rules, patterns and op types that matched a node
     for node in planned:
         name = node.name
         op = node.op
         forced = None
-        for rule in node_rules:
+        for k, rule in enumerate(node_rules):
             if rule.matches(name, op):
+                used.add(("rule", k))
                 forced = (
                     Seed.DENY if rule.precision == "fp32" else Seed.ALLOW,
                     Reason(
@@ -352,14 +355,18 @@ def _apply_selections(
                         str(rule.source),
                     ),
                 )
-        for pattern in include_nodes:
+        for k, pattern in enumerate(include_nodes):
             if pattern.search(name):
+                used.add(("--include-node", k))
                 forced = (Seed.ALLOW, Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
-        for pattern in exclude_nodes:
+        for k, pattern in enumerate(exclude_nodes):
             if pattern.search(name):
+                used.add(("--exclude-node", k))
                 forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
         domain = "" if node.domain == "ai.onnx" else node.domain
-        if op in excl_ops or f"{domain}:{op}" in excl_ops:
+        key = op if op in excl_ops else f"{domain}:{op}" if f"{domain}:{op}" in excl_ops else None
+        if key is not None:
+            used.add(key)
             forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
         if force_fp32 and node.id in force_fp32:
             forced = (Seed.DENY, force_fp32[node.id])
@@ -367,6 +374,19 @@ def _apply_selections(
             seeds[node.id] = forced[0]
             reasons[node.id].append(forced[1])
             count += 1
+    # Nothing silent: a selector that matched no node whose precision it could set did nothing.
+    tail = "whose precision it could set (only float-computing nodes are planned)"
+    for k, rule in enumerate(node_rules):
+        if ("rule", k) not in used:
+            what = f"match {rule.pattern.pattern!r}" if rule.pattern is not None else f"name {rule.name!r}"
+            ops = f" (op_types {', '.join(sorted(rule.op_types))})" if rule.op_types else ""
+            result.warnings.append((UNMATCHED, f"[[nodes]] {what}{ops} at {rule.source} matches no node {tail}", None))
+    for flag, patterns in (("--include-node", include_nodes), ("--exclude-node", exclude_nodes)):
+        for k, pattern in enumerate(patterns):
+            if (flag, k) not in used:
+                result.warnings.append((UNMATCHED, f"{flag} {pattern.pattern!r} matches no node {tail}", None))
+    for op in sorted(excl_ops - used):
+        result.warnings.append((UNMATCHED, f"--exclude-op {op} matches no node {tail}", None))
     log.debug("classify pass 3 (selections): %d nodes seeded by rules and flags", count)
 
 

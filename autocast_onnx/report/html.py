@@ -87,11 +87,34 @@ def _stacked(rows, width=640, bar_h=20, label_w=200):
     return "".join(parts)
 
 
+def failed_metrics(o: dict, t: dict) -> set[str]:
+    """The metrics of one output's summary that failed their thresholds (what the report colours)."""
+    out = set()
+    if o["new_nan"] or o["new_inf"]:
+        out.add("nonfinite")
+    if t.get("atol") is not None and o["max_abs_error"] > t["atol"]:
+        out.add("max_abs")
+    if t.get("rtol") is not None and o["relative_error"] > t["rtol"]:
+        out.add("relative")
+    if t.get("min_cosine") is not None and o["cosine"] < t["min_cosine"]:
+        out.add("cosine")
+    if t.get("min_top1") is not None and o["top1"] is not None and o["top1"] < t["min_top1"]:
+        out.add("top1")
+    return out
+
+
 def validation_html(report: dict) -> str:
     outputs = report["outputs"]
     t = report["thresholds"]
-    err_rows = [(o["name"], o["relative_error"], "#2a9d8f" if o["passed"] else "#e63946") for o in outputs]
-    cos_rows = [(o["name"], max(1e-12, 1.0 - o["cosine"]), "#2a9d8f" if o["passed"] else "#e63946") for o in outputs]
+    bad = [failed_metrics(o, t) for o in outputs]
+    ok_colour, bad_colour = "#2a9d8f", "#e63946"
+    err_rows = [
+        (o["name"], o["relative_error"], bad_colour if "relative" in b else ok_colour) for o, b in zip(outputs, bad)
+    ]
+    cos_rows = [
+        (o["name"], max(1e-12, 1.0 - o["cosine"]), bad_colour if "cosine" in b else ok_colour)
+        for o, b in zip(outputs, bad)
+    ]
     ops = sorted(report.get("precision_by_op", {}).items(), key=lambda kv: -sum(kv[1].values()))
     prec = _stacked(ops[:40])
     speed = report.get("speed")
@@ -116,13 +139,27 @@ def validation_html(report: dict) -> str:
         )
         if speed.get("note"):
             speed_html += f"<p class=note>{_esc(speed['note'])}</p>"
-    rows = "".join(
-        f"<tr class={'pass' if o['passed'] else 'fail'}><td>{_esc(o['name'])}</td><td>{o['max_abs_error']:.4g}</td>"
-        f"<td>{o['relative_error']:.4g}</td><td>{o['mean_abs_error']:.4g}</td><td>{o['cosine']:.6f}</td>"
-        f"<td>{'-' if o['top1'] is None else format(o['top1'], '.4f')}</td><td>{o['new_nan']}/{o['new_inf']}</td>"
-        f"<td>{'pass' if o['passed'] else 'FAIL: ' + _esc('; '.join(o['failures']))}</td></tr>"
-        for o in outputs
-    )
+
+    def cell(text: str, failed: bool) -> str:
+        return f"<td class=fail>{text}</td>" if failed else f"<td>{text}</td>"
+
+    row_list = []
+    for o, b in zip(outputs, bad):
+        top1 = "-" if o["top1"] is None else format(o["top1"], ".4f")
+        verdict_text = "pass" if o["passed"] else "FAIL: " + _esc("; ".join(o["failures"]))
+        row_list.append(
+            f"<tr><td>{_esc(o['name'])}</td>"
+            + cell(format(o["max_abs_error"], ".4g"), "max_abs" in b)
+            + cell(format(o["relative_error"], ".4g"), "relative" in b)
+            + f"<td>{o['mean_abs_error']:.4g}</td>"
+            + cell(format(o["cosine"], ".6f"), "cosine" in b)
+            + cell(top1, "top1" in b)
+            + cell(f"{o['new_nan']}/{o['new_inf']}", "nonfinite" in b)
+            + cell(verdict_text, not o["passed"])
+            + "</tr>"
+        )
+    rows = "".join(row_list)
+    warnings = "".join(f"<p class=warn>warning: {_esc(w)}</p>" for w in report.get("warnings", []))
     verdict = "PASS" if report["passed"] else "FAIL"
     numerics = (
         "emulated low-precision rounding on CPU" if report["numerics"] == "emulate" else "as ONNX Runtime runs it"
@@ -134,7 +171,8 @@ def validation_html(report: dict) -> str:
 body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 960px; color: #222; }}
 h1 span.pass {{ color: #2a9d8f; }} h1 span.fail {{ color: #e63946; }}
 table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: right; }}
-td:first-child, th:first-child {{ text-align: left; }} tr.fail td {{ background: #fde8e8; }}
+td:first-child, th:first-child {{ text-align: left; }} td.fail {{ background: #fde8e8; color: #b00020; }}
+.warn {{ color: #8a5a00; background: #fff4d6; padding: 4px 8px; }}
 .note {{ color: #666; font-size: 0.9em; }}
 </style></head><body>
 <h1>Validation: <span class="{verdict.lower()}">{verdict}</span></h1>
@@ -142,6 +180,7 @@ td:first-child, th:first-child {{ text-align: left; }} tr.fail td {{ background:
 <code>{_esc(report["converted"]["path"] or "<in memory>")}</code>. Device {_esc(report["device"])}; numerics:
 {numerics}. Inputs: {_esc(report["inputs"]["source"])}, {report["inputs"]["batches"]} batch(es){"; " + _esc(dims) if dims else ""}.</p>
 {f"<p class=note>{_esc(report['device_note'])}</p>" if report.get("device_note") else ""}
+{warnings}
 <h2>Per-output error</h2>
 <table><tr><th>output</th><th>max abs</th><th>relative</th><th>mean abs</th><th>cosine</th><th>top-1</th><th>new NaN/inf</th><th>verdict</th></tr>{rows}</table>
 <h3>Relative error (max |error| / max |reference|, log scale)</h3>

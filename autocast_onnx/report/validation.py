@@ -53,6 +53,10 @@ def validation_text(report: dict) -> str:
         lines.append(report["speed_skipped"])
     if report.get("size_ratio") is not None:
         lines.append(f"model size: {ref['bytes']} -> {conv['bytes']} bytes ({report['size_ratio']:.2f}x)")
+    for warning in report.get("warnings", []):
+        lines.append(f"warning: {warning}")
+    if report.get("warnings") and report.get("strict"):
+        lines.append("--strict: the warnings above fail the validation")
     lines.append("result: " + ("PASS" if report["passed"] else "FAIL"))
     return "\n".join(lines)
 

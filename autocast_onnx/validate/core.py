@@ -41,6 +41,7 @@ class ValidateOptions:
     iterations: int = 20
     warmup: int = 3
     class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
+    strict: bool = False  # a comparison that compares nothing (see `warnings`) fails
 
 
 def _load(model, label):
@@ -137,6 +138,8 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         summary = s.summary()
         summary["passed"], summary["failures"] = verdict(summary, options.thresholds)
         outputs.append(summary)
+    by_op = precision_by_op(conv_model, conv_path or "<converted>")
+    warnings = _hollow_comparison(ref_model, ref_path, conv_model, conv_path, by_op, batches, specs, outputs)
 
     speed = None
     speed_skipped = None
@@ -190,11 +193,51 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         },
         "thresholds": options.thresholds.as_dict(),
         "outputs": outputs,
-        "passed": all(o["passed"] for o in outputs),
+        "warnings": warnings,
+        "strict": options.strict,
+        "passed": all(o["passed"] for o in outputs) and not (options.strict and warnings),
         "speed": speed,
         "speed_skipped": speed_skipped,
-        "precision_by_op": precision_by_op(conv_model, conv_path or "<converted>"),
+        "precision_by_op": by_op,
     }
+
+
+def _low_nodes(by_op: dict) -> int:
+    return sum(n for kinds in by_op.values() for kind, n in kinds.items() if kind in ("fp16", "bf16"))
+
+
+def _hollow_comparison(ref_model, ref_path, conv_model, conv_path, conv_by_op, batches, specs, outputs) -> list[str]:
+    """Why this comparison may compare nothing, one line each: a batch without rows, a reference
+    output that is not finite, the same model twice, or the lower-precision model given as the
+    reference (arguments swapped)."""
+    out = []
+    for k, feeds in enumerate(batches):
+        empty = [s.name for s in specs if s.name in feeds and feeds[s.name].size == 0]
+        if empty:
+            out.append(f"batch {k + 1} has no elements in {', '.join(empty)}: nothing of it is compared")
+    for o in outputs:
+        if o["elements"] and o["reference_nonfinite"] == o["elements"]:
+            out.append(f"output {o['name']}: every reference value is NaN or inf: nothing is compared")
+        elif o["reference_nonfinite"]:
+            out.append(
+                f"output {o['name']}: {o['reference_nonfinite']} of {o['elements']} reference values are NaN or "
+                "inf and are not compared (check the inputs)"
+            )
+    same_file = ref_path and conv_path and os.path.realpath(ref_path) == os.path.realpath(conv_path)
+    if same_file or (
+        ref_model.ByteSize() == conv_model.ByteSize()
+        and ref_model.SerializeToString() == conv_model.SerializeToString()
+    ):
+        out.append("the reference and the converted model are the same model: nothing was converted")
+    else:
+        ref_low = _low_nodes(precision_by_op(ref_model, ref_path or "<reference>"))
+        conv_low = _low_nodes(conv_by_op)
+        if ref_low > conv_low:
+            out.append(
+                f"the reference has more fp16/bf16 nodes ({ref_low}) than the converted model ({conv_low}): "
+                "are the arguments swapped? (validate REFERENCE CONVERTED)"
+            )
+    return out
 
 
 def _batch_size(feeds: dict) -> int:

@@ -1,0 +1,199 @@
+"""Nothing silent: selectors that match nothing, options that do nothing with --inputs, and
+validations that compare nothing are errors or warnings, and --strict makes them fail."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from helpers import mlp
+
+import autocast_onnx
+from autocast_onnx import AutocastError
+from autocast_onnx.cli.main import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+RESNET = ROOT / "examples" / "models" / "resnet_tiny.onnx"
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def one_error_line(result, *fragments) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autocast-onnx: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- op types that exist nowhere ---------------------------------------------------------------
+
+
+def test_exclude_op_naming_no_known_op_is_an_error_with_suggestions(tmp_path):
+    out = tmp_path / "o.onnx"
+    line = one_error_line(invoke("convert", RESNET, "-o", out, "--exclude-op", "Softmaxx"), "--exclude-op")
+    assert "'Softmaxx'" in line and "did you mean Softmax" in line and "domain:OpType" in line
+    assert not out.exists()
+    with pytest.raises(AutocastError, match="Softmaxx"):
+        autocast_onnx.convert(mlp(), exclude_ops=["Softmaxx"])
+    # a custom domain is taken as written; a real op the model lacks is a warning (below)
+    autocast_onnx.convert(mlp(), exclude_ops=["com.example:MyOp"])
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ('[ops.keep_fp32]\nSoftmaxx = "typo"\n', ":2 [ops.keep_fp32]"),
+        ('[pins]\nResiz = { inputs = [1], why = "typo" }\n', ":2 [pins]"),
+        ('[[nodes]]\nmatch = "fc"\nprecision = "fp32"\nop_types = ["MatMull"]\n', ":1 [[nodes]] op_types"),
+    ],
+)
+def test_rule_file_naming_no_known_op_is_an_error(tmp_path, text, where):
+    rules = tmp_path / "r.toml"
+    rules.write_text(text)
+    with pytest.raises(AutocastError) as info:
+        autocast_onnx.convert(mlp(), rules=[rules])
+    assert str(info.value.where).endswith(where) and "did you mean" in info.value.hint
+    rules.write_text('[ops.keep_fp32]\n"com.example:Softmaxx" = "a custom op"\n')
+    autocast_onnx.convert(mlp(), rules=[rules])
+
+
+# ---- selectors that match no node --------------------------------------------------------------
+
+
+def unmatched(result) -> list[str]:
+    return [w.message for w in result.plan.warnings if w.code == "unmatched-selector"]
+
+
+def test_selectors_that_match_no_node_are_warnings_and_errors_with_strict(tmp_path):
+    # mlp(): MatMul enc/fc1 -> Relu enc/act -> MatMul head/fc2
+    kw = dict(exclude_nodes=["no_such_node", "fc1"], include_nodes=["zzz"], exclude_ops=["Softmax"])
+    result = autocast_onnx.convert(mlp(), **kw)
+    assert sorted(unmatched(result)) == sorted(
+        [
+            "--exclude-node 'no_such_node' matches no node whose precision it could set "
+            "(only float-computing nodes are planned)",
+            "--include-node 'zzz' matches no node whose precision it could set "
+            "(only float-computing nodes are planned)",
+            "--exclude-op Softmax matches no node whose precision it could set "
+            "(only float-computing nodes are planned)",
+        ]
+    )
+    assert result.plan.by_name("enc/fc1")[0].precision == "fp32"  # the pattern that matched still works
+    with pytest.raises(AutocastError, match=r"--include-node 'zzz' matches no node .* \(and 2 more\)"):
+        autocast_onnx.convert(mlp(), strict=True, **kw)
+    assert unmatched(autocast_onnx.convert(mlp(), exclude_nodes=["fc"], exclude_ops=["Relu"])) == []
+
+
+def test_a_node_rule_that_matches_nothing_is_reported_with_its_file_and_line(tmp_path):
+    rules = tmp_path / "nodes.toml"
+    rules.write_text('[[nodes]]\nmatch = "fc1$"\nprecision = "fp32"\n\n[[nodes]]\nname = "fc9"\nprecision = "fp32"\n')
+    [message] = unmatched(autocast_onnx.convert(mlp(), rules=[rules]))
+    assert message.startswith(f"[[nodes]] name 'fc9' at {rules}:5 matches no node")
+
+
+def test_cli_strict_refuses_an_unmatched_selector_before_writing(tmp_path):
+    out = tmp_path / "o.onnx"
+    result = invoke("convert", RESNET, "-o", out, "--exclude-node", "no_such_node")
+    assert result.exit_code == 0 and "[unmatched-selector] --exclude-node 'no_such_node'" in result.stdout
+    out.unlink()
+    one_error_line(
+        invoke("convert", RESNET, "-o", out, "--exclude-node", "no_such_node", "--strict"),
+        "--exclude-node 'no_such_node' matches no node",
+        "without --strict it is a warning",
+    )
+    assert not out.exists()
+
+
+# ---- options that do nothing with --inputs -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("noops")
+    conv = d / "r16.onnx"
+    autocast_onnx.convert_file(RESNET, conv)
+    rng = np.random.default_rng(0)
+    np.savez(d / "ok.npz", pixel_values=rng.random((2, 3, 32, 32), dtype=np.float32))
+    np.savez(d / "nan.npz", pixel_values=np.full((1, 3, 32, 32), np.nan, np.float32))
+    np.savez(d / "empty.npz", pixel_values=np.zeros((0, 3, 32, 32), np.float32))
+    return d, conv
+
+
+@pytest.mark.parametrize(
+    "extra", [("--dim", "batch=2"), ("--batches", "3"), ("--seed", "4"), ("--input-range", "pixel_values=0:1")]
+)
+def test_generation_options_with_inputs_are_refused(files, extra):
+    d, conv = files
+    one_error_line(invoke("validate", RESNET, conv, "--inputs", d / "ok.npz", *extra), "with --inputs")
+    one_error_line(invoke("check", RESNET, "--inputs", d / "ok.npz", *extra), "with --inputs")
+    out = d / "never.onnx"
+    one_error_line(invoke("convert", RESNET, "-o", out, "--validate", "--inputs", d / "ok.npz", *extra))
+    assert not out.exists()
+
+
+# ---- validations that compare nothing ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def validator():
+    schema = json.loads((ROOT / "docs" / "validate-report.schema.json").read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.mark.parametrize(
+    "case, warning",
+    [
+        ("same", "the reference and the converted model are the same model"),
+        ("swapped", "are the arguments swapped?"),
+        ("nan", "every reference value is NaN or inf"),
+        ("empty", "batch 1 has no elements in pixel_values"),
+    ],
+)
+def test_a_validation_that_compares_nothing_warns_and_fails_with_strict(files, validator, case, warning):
+    d, conv = files
+    ref, other = {"same": (RESNET, RESNET), "swapped": (conv, RESNET)}.get(case, (RESNET, conv))
+    inputs = ("--inputs", d / f"{case}.npz") if case in ("nan", "empty") else ()
+    report = d / f"{case}.json"
+    plain = invoke("validate", ref, other, "--no-speed", *inputs, "--report-json", report)
+    assert plain.exit_code == 0, plain.output
+    [line] = [x for x in plain.output.splitlines() if x.startswith("warning: ")]
+    assert warning in line
+    data = json.loads(report.read_text())
+    validator.validate(data)
+    assert any(warning in w for w in data["warnings"]) and data["passed"] and not data["strict"]
+    strict = invoke("validate", ref, other, "--no-speed", "--strict", *inputs, "--report-json", report)
+    assert strict.exit_code == 1 and "--strict: the warnings above fail the validation" in strict.output
+    data = json.loads(report.read_text())
+    validator.validate(data)
+    assert data["strict"] and not data["passed"]
+
+
+def test_an_honest_validation_has_no_warnings(files):
+    d, conv = files
+    report = autocast_onnx.validate.core.validate(RESNET, conv)
+    assert report["warnings"] == [] and report["passed"]
+
+
+def test_html_report_colours_only_the_metrics_that_failed(files):
+    from autocast_onnx.report.html import validation_html
+
+    d, conv = files
+    options = autocast_onnx.validate.core.ValidateOptions(speed=False)
+    report = autocast_onnx.validate.core.validate(RESNET, conv, options)
+    report["thresholds"]["rtol"] = 1e-9  # relative error fails, cosine still passes
+    out = report["outputs"][0]
+    out["passed"], out["failures"] = False, ["relative error too large"]
+    html = validation_html(report)
+    assert f"<td class=fail>{out['relative_error']:.4g}</td>" in html
+    assert f"<td>{out['cosine']:.6f}</td>" in html and f"<td>{out['max_abs_error']:.4g}</td>" in html
+    # the cosine bar stays green, the relative-error bar is red
+    rel_bars, cos_bars = html.split("1 − cosine similarity")
+    assert "#e63946" in rel_bars.split("Relative error (max")[1] and "#e63946" not in cos_bars.split("<h2>")[0]
