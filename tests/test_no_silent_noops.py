@@ -74,7 +74,7 @@ def unmatched(result) -> list[str]:
 
 def test_selectors_that_match_no_node_are_warnings_and_errors_with_strict(tmp_path):
     # mlp(): MatMul enc/fc1 -> Relu enc/act -> MatMul head/fc2
-    kw = dict(exclude_nodes=["no_such_node", "fc1"], include_nodes=["zzz"], exclude_ops=["Softmax"])
+    kw = {"exclude_nodes": ["no_such_node", "fc1"], "include_nodes": ["zzz"], "exclude_ops": ["Softmax"]}
     result = autocast_onnx.convert(mlp(), **kw)
     assert sorted(unmatched(result)) == sorted(
         [
@@ -177,7 +177,7 @@ def test_a_validation_that_compares_nothing_warns_and_fails_with_strict(files, v
 
 
 def test_an_honest_validation_has_no_warnings(files):
-    d, conv = files
+    _d, conv = files
     report = autocast_onnx.validate.core.validate(RESNET, conv)
     assert report["warnings"] == [] and report["passed"]
 
@@ -185,7 +185,7 @@ def test_an_honest_validation_has_no_warnings(files):
 def test_html_report_colours_only_the_metrics_that_failed(files):
     from autocast_onnx.report.html import validation_html
 
-    d, conv = files
+    _d, conv = files
     options = autocast_onnx.validate.core.ValidateOptions(speed=False)
     report = autocast_onnx.validate.core.validate(RESNET, conv, options)
     report["thresholds"]["rtol"] = 1e-9  # relative error fails, cosine still passes
