@@ -11,6 +11,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import onnx
+
 from .errors import AutocastError
 
 CHECK_SCHEMA_VERSION = 1
@@ -27,15 +29,55 @@ class CheckResult:
 
 
 def load_baseline(path: str | os.PathLike) -> dict:
-    """A previous check report, or AutocastError if the file is not one."""
+    """A previous check report, or AutocastError saying what the file is instead."""
+    where = str(path)
+    hint = "write one with `autocast-onnx check MODEL --report-json FILE`"
+    if not Path(path).exists():
+        raise AutocastError("baseline file not found", where, "check the path; " + hint)
+    if Path(path).is_dir():
+        raise AutocastError("the baseline is a folder, not a check report", where, hint)
     try:
         prior = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AutocastError(f"cannot read the baseline ({exc.__class__.__name__})", where, hint) from None
+    except ValueError:
+        raise AutocastError("the baseline is not JSON, so not a check report", where, hint) from None
+    try:
         prior["lint_converted"]["diagnostics"]
-    except (OSError, ValueError, KeyError, TypeError):
+        prior["model"]
+    except (KeyError, TypeError):
         raise AutocastError(
-            "not a check report (--report-json of autocast-onnx check)", str(path), "write one with --report-json"
+            "JSON, but not a check report (--report-json of autocast-onnx check)", where, hint
         ) from None
+    prior["_path"] = where
     return prior
+
+
+def model_signature(model: onnx.ModelProto) -> dict:
+    """What identifies a model across its revisions for a baseline: its graph's input and output names."""
+    return {"inputs": [i.name for i in model.graph.input], "outputs": [o.name for o in model.graph.output]}
+
+
+def check_baseline_model(prior: dict, model_path, signature: dict) -> None:
+    """Refuse a baseline written for another model: its recorded signature (or, in a report without
+    one, its model's file name) must match this model's."""
+    where = prior.get("_path")
+    theirs = prior.get("signature")
+    if theirs is not None:
+        if theirs != signature:
+            raise AutocastError(
+                f"the baseline is the report of another model ({prior['model']}: inputs "
+                f"{', '.join(theirs['inputs'])}; outputs {', '.join(theirs['outputs'])}), not of {model_path} "
+                f"(inputs {', '.join(signature['inputs'])}; outputs {', '.join(signature['outputs'])})",
+                where,
+                "pass the report written for this model",
+            )
+    elif Path(str(prior["model"])).name != Path(str(model_path)).name:
+        raise AutocastError(
+            f"the baseline is the report of another model ({prior['model']}), not of {model_path}",
+            where,
+            "pass the report written for this model",
+        )
 
 
 def check(
@@ -75,11 +117,16 @@ def check(
         rules=list(plan_options.rules),
     )
     validation = validation or ValidateOptions()
+    from .io import load_model
+
+    header = load_model(model, load_external=False).model
+    signature = model_signature(header)
+    if baseline is not None:
+        check_baseline_model(baseline, model, signature)
     if not skip_validate:
         from .graph.training import recognise
-        from .io import load_model
 
-        training = recognise(load_model(model, load_external=False).model)
+        training = recognise(header)
         if training is not None and training.accumulations:
             raise AutocastError(
                 "check validates inference outputs; this is an onnxruntime-training training model",
@@ -109,6 +156,7 @@ def check(
     report = {
         "schema_version": CHECK_SCHEMA_VERSION,
         "model": str(model),
+        "signature": signature,
         "converted": str(output) if output else None,
         "config": config_source,
         "fail_on": lint_options.fail_on,

@@ -282,10 +282,10 @@ def test_bad_baseline_exits_2_with_one_line(tmp_path):
     proc = cli_proc("check", RESNET, "--no-validate", "--baseline", not_json, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert_one_error_line(proc.stderr, str(not_json), "not a check report")
-    for bad in (other, tmp_path / "missing.json"):
+    for bad, why in ((other, "not a check report"), (tmp_path / "missing.json", "baseline file not found")):
         result = invoke("check", RESNET, "--no-validate", "--baseline", bad)
         assert result.exit_code == 2, result.output
-        assert_one_error_line(result.stderr, str(bad), "not a check report")
+        assert_one_error_line(result.stderr, str(bad), why)
 
 
 # ---- options -------------------------------------------------------------------------------------

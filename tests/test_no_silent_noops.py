@@ -197,3 +197,27 @@ def test_html_report_colours_only_the_metrics_that_failed(files):
     # the cosine bar stays green, the relative-error bar is red
     rel_bars, cos_bars = html.split("1 − cosine similarity")
     assert "#e63946" in rel_bars.split("Relative error (max")[1] and "#e63946" not in cos_bars.split("<h2>")[0]
+
+
+# ---- baselines --------------------------------------------------------------------------------
+
+
+def test_a_baseline_that_is_missing_or_of_another_model_is_refused(tmp_path):
+    gpt2 = ROOT / "examples" / "models" / "gpt2_tiny.onnx"
+    one_error_line(invoke("check", RESNET, "--no-validate", "--baseline", tmp_path / "none.json"), "not found")
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    one_error_line(
+        invoke("check", RESNET, "--no-validate", "--baseline", tmp_path / "other.json"), "JSON, but not a check report"
+    )
+    report = tmp_path / "resnet.json"
+    assert invoke("check", RESNET, "--no-validate", "--report-json", report).exit_code == 0
+    assert json.loads(report.read_text())["signature"] == {"inputs": ["pixel_values"], "outputs": ["logits"]}
+    line = one_error_line(invoke("check", gpt2, "--no-validate", "--baseline", report), "report of another model")
+    assert "inputs pixel_values" in line and "inputs input_ids, attention_mask" in line
+    assert invoke("check", RESNET, "--no-validate", "--baseline", report).exit_code == 0
+    # a report written before signatures were recorded is matched by the model's file name
+    old = json.loads(report.read_text())
+    del old["signature"]
+    report.write_text(json.dumps(old))
+    one_error_line(invoke("check", gpt2, "--no-validate", "--baseline", report), "report of another model")
+    assert invoke("check", RESNET, "--no-validate", "--baseline", report).exit_code == 0
