@@ -59,6 +59,8 @@ class ConversionResult:
     stats: ApplyStats
     initializer_bytes_before: int
     initializer_bytes_after: int
+    constant_bytes_before: int = 0  # tensors held by Constant nodes
+    constant_bytes_after: int = 0
     seconds: dict = field(default_factory=dict)
     output_files: list = field(default_factory=list)
     training: TrainingGraph | None = None  # what kind of training graph the input was (None: inference)
@@ -83,6 +85,16 @@ def _no_gc():
     finally:
         if enabled:
             gc.enable()
+
+
+def _constant_bytes(nodes) -> int:
+    """Bytes of the tensors Constant nodes hold (value attribute), main graph and bodies."""
+    total = 0
+    for node in nodes:
+        for attr in node.proto.attribute:
+            if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                total += tensor_nbytes(attr.t)
+    return total
 
 
 def _initializer_bytes(index) -> int:
@@ -257,6 +269,8 @@ def _convert_loaded(
         if scale is not None:  # the backward seed became the scale: index the graph as it is now
             index = build_index(model, where, loaded.path.parent if loaded.path else None)
         bytes_before = _initializer_bytes(index)
+        constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
+        constant_bytes_before = _constant_bytes(constants)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
         shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
@@ -294,6 +308,7 @@ def _convert_loaded(
             scaling = unscale_gradients(model, training, scale)
         timings["apply"] = time.perf_counter() - t
         bytes_after = bytes_before + stats.initializer_bytes_delta
+        constant_bytes_after = _constant_bytes(constants)
     if training is not None:
         plan.training = {"kind": training.kind, "graph": training.describe(), "losses": list(training.losses)}
         plan.training["parameters"] = list(training.parameters)
@@ -310,6 +325,8 @@ def _convert_loaded(
         stats=stats,
         initializer_bytes_before=bytes_before,
         initializer_bytes_after=bytes_after,
+        constant_bytes_before=constant_bytes_before,
+        constant_bytes_after=constant_bytes_after,
         seconds=timings,
         training=training,
         loss_scaling=scaling,

@@ -79,7 +79,7 @@ def test_default_output_beside_input_and_summary(tmp_path):
     out = tmp_path / "m.fp16.onnx"
     onnx.checker.check_model(onnx.load(out), full_check=True)
     assert "nodes: 2  fp16: 1  fp32: 1" in result.output
-    assert "initializer bytes: 256 B -> 128 B" in result.output
+    assert "weights: initializers 256 B -> 128 B" in result.output
     assert re.search(r"time: [0-9.]+ s", result.output)
 
 

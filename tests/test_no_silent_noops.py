@@ -221,3 +221,37 @@ def test_a_baseline_that_is_missing_or_of_another_model_is_refused(tmp_path):
     report.write_text(json.dumps(old))
     one_error_line(invoke("check", gpt2, "--no-validate", "--baseline", report), "report of another model")
     assert invoke("check", RESNET, "--no-validate", "--baseline", report).exit_code == 0
+
+
+# ---- the summary counts what it did ------------------------------------------------------------
+
+
+def test_summary_counts_constant_node_weights_and_fp32_nodes_by_reason():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from autocast_onnx.report import conversion_summary
+    from autocast_onnx.report.summary import summary_dict
+
+    w = numpy_helper.from_array(np.random.default_rng(0).random((64, 64), dtype=np.float32), "wc")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["w"], value=w, name="const_w"),
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Exp", ["h"], ["y"], name="exp"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = autocast_onnx.convert(model)
+    s = summary_dict(result)
+    assert (s["constant_bytes_before"], s["constant_bytes_after"]) == (64 * 64 * 4, 64 * 64 * 2)
+    assert s["fp32_by_reason"] == {"op-category": 1}  # Exp
+    text = conversion_summary(result)
+    assert "weights: initializers 0 B -> 0 B, Constant nodes 16.0 KiB -> 8.0 KiB" in text
+    assert "fp32 nodes by reason: op category 1" in text
+    forced = autocast_onnx.convert(model, exclude_nodes=["^mm$"])
+    # the Constant follows its only consumer to fp32
+    assert summary_dict(forced)["fp32_by_reason"] == {"op-category": 1, "cli-exclude": 1, "consumers-need": 1}
+    assert "--exclude-node/--exclude-op 1" in conversion_summary(forced)

@@ -35,6 +35,9 @@ def summary_dict(result) -> dict:
         "attributes_retargeted": result.stats.attributes_retargeted,
         "initializer_bytes_before": result.initializer_bytes_before,
         "initializer_bytes_after": result.initializer_bytes_after,
+        "constant_bytes_before": result.constant_bytes_before,
+        "constant_bytes_after": result.constant_bytes_after,
+        "fp32_by_reason": fp32_by_reason(plan),
         "warnings": len(plan.warnings),
         "outputs_renamed": list(result.stats.outputs_renamed),
         "graphs_sorted": list(result.stats.graphs_sorted),
@@ -43,6 +46,36 @@ def summary_dict(result) -> dict:
         "training": plan.training,
         "cost": conversion_cost(result),
     }
+
+
+REASON_LABELS = {
+    "op-category": "op category",
+    "fp32-taint": "fed by fp32 (follow/clear)",
+    "output-head": "output head",
+    "calibration": "calibration range",
+    "accuracy-search": "--target search",
+    "node-rule": "[[nodes]] rule",
+    "cli-exclude": "--exclude-node/--exclude-op",
+    "unchanged": "not reached by low precision",
+    "data-range": "constant beyond the range",
+    "data-flush": "constant that would flush to 0",
+    "schema": "no low-precision schema type",
+    "unknown-op": "unknown op",
+    "unknown-type": "unknown tensor type",
+    "control-flow": "control flow",
+    "consumers-need": "feeds only fp32 consumers",
+    "plan-replay": "replayed plan",
+}
+
+
+def fp32_by_reason(plan) -> dict[str, int]:
+    """How many nodes are fp32, by the code of the reason that decided each (its last reason),
+    most first: {"op-category": 7, "fp32-taint": 9, ...}."""
+    counts: Counter = Counter()
+    for node in plan.nodes:
+        if node.precision == "fp32":
+            counts[node.reasons[-1].code if node.reasons else "unexplained"] += 1
+    return dict(counts.most_common())
 
 
 def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 10) -> str:
@@ -65,7 +98,15 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         f"casts added: {s['casts_added']}  initializers converted: {s['initializers_converted']}"
         f" (+{s['initializer_copies']} copies)  dtype attributes retargeted: {s['attributes_retargeted']}"
     )
-    lines.append(f"initializer bytes: {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}")
+    weights = f"weights: initializers {_mb(s['initializer_bytes_before'])} -> {_mb(s['initializer_bytes_after'])}"
+    if s["constant_bytes_before"]:
+        weights += f", Constant nodes {_mb(s['constant_bytes_before'])} -> {_mb(s['constant_bytes_after'])}"
+    lines.append(weights)
+    if s["fp32_by_reason"]:
+        lines.append(
+            "fp32 nodes by reason: "
+            + ", ".join(f"{REASON_LABELS.get(code, code)} {n}" for code, n in s["fp32_by_reason"].items())
+        )
     lines.append(cost_line(s["cost"]))
     stats = result.stats
     if plan.training is not None:
