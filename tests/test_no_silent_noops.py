@@ -255,3 +255,50 @@ def test_summary_counts_constant_node_weights_and_fp32_nodes_by_reason():
     # the Constant follows its only consumer to fp32
     assert summary_dict(forced)["fp32_by_reason"] == {"op-category": 1, "cli-exclude": 1, "consumers-need": 1}
     assert "--exclude-node/--exclude-op 1" in conversion_summary(forced)
+
+
+# ---- class outputs by shape and values ---------------------------------------------------------
+
+
+def test_class_outputs_are_recognised_by_values_and_by_name_and_reported():
+    from helpers import randn
+    from onnx import TensorProto, helper, numpy_helper
+
+    from autocast_onnx.report.validation import validation_text
+    from autocast_onnx.validate.core import ValidateOptions, validate
+
+    def out(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Softmax", ["h"], ["softmax_11.tmp_0"], axis=-1),
+            helper.make_node("Identity", ["h"], ["target_label"]),
+            helper.make_node("Sigmoid", ["h"], ["p"]),
+            helper.make_node("Reshape", ["p", "shape"], ["prob_map"]),
+            helper.make_node("Relu", ["h"], ["features"]),
+        ],
+        "heads",
+        [out("x", [2, 3, 16])],
+        [
+            out("softmax_11.tmp_0", [2, 3, 40]),
+            out("target_label", [2, 3, 40]),
+            out("prob_map", [1, 1, 6, 40]),
+            out("features", [2, 3, 40]),
+        ],
+        [
+            numpy_helper.from_array(randn([16, 40], 1, 3.0), "w"),
+            numpy_helper.from_array(np.array([1, 1, 6, 40], np.int64), "shape"),
+        ],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    converted = autocast_onnx.convert(m).model
+    report = validate(m, converted, ValidateOptions(speed=False))
+    kinds = {o["name"]: o["class_scores"] for o in report["outputs"]}
+    assert kinds == {"softmax_11.tmp_0": "probabilities", "target_label": "name", "prob_map": None, "features": None}
+    assert {o["name"] for o in report["outputs"] if o["top1"] is not None} == {"softmax_11.tmp_0", "target_label"}
+    text = validation_text(report)
+    assert "class scores (top-1 over the last axis): softmax_11.tmp_0 (probabilities), target_label (name)" in text
+    forced = validate(m, converted, ValidateOptions(speed=False, class_outputs=["features"]))
+    assert {o["name"]: o["class_scores"] for o in forced["outputs"]}["features"] == "--class-output"

@@ -33,6 +33,12 @@ def validation_text(report: dict) -> str:
         )
         for failure in o["failures"]:
             lines.append(f"      - {failure}")
+    scored = [f"{o['name']} ({o['class_scores']})" for o in report["outputs"] if o.get("class_scores")]
+    lines.append(
+        "class scores (top-1 over the last axis): "
+        + (", ".join(scored) if scored else "none")
+        + ("" if scored else " (--class-output NAME scores one)")
+    )
     t = report["thresholds"]
     lines.append("thresholds: " + ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in t.items() if v is not None))
     speed = report.get("speed")

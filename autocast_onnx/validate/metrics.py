@@ -9,7 +9,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 TOPK = 5
-CLASS_NAME = re.compile(r"logit|prob|score|class|pred", re.I)
+CLASS_NAME = re.compile(r"logit|prob|score|class|pred|label", re.I)
+MAX_NAMED_RANK = 3  # [batch, classes] or [batch, sequence, classes]; a rank-4 map's last axis is spatial
+
+
+def class_score_kind(name: str, ref: np.ndarray) -> str | None:
+    """Why an output counts as class scores (its last axis the classes), or None.
+
+    "probabilities": non-negative rows summing to 1 along the last axis (a softmax, whatever its
+    name); "name": a name like logits/probs/scores/label at rank <= 3 (so a [1, 1, H, W]
+    probability map is not taken for classes)."""
+    if ref.dtype.kind != "f" or ref.ndim < 1 or ref.shape[-1] < 2 or ref.size == 0:
+        return None
+    rows = ref.reshape(-1, ref.shape[-1]).astype(np.float64)
+    if np.isfinite(rows).all() and rows.min() >= 0.0 and np.allclose(rows.sum(-1), 1.0, atol=1e-3):
+        return "probabilities"
+    if CLASS_NAME.search(name) and ref.ndim <= MAX_NAMED_RANK:
+        return "name"
+    return None
 
 
 @dataclass
@@ -37,7 +54,8 @@ class OutputStats:
     new_nan: int = 0
     new_inf: int = 0
     ref_nonfinite: int = 0
-    class_scores: bool | None = None  # None: decide from the output's name
+    class_scores: bool | None = None  # None: decide from the first batch (class_score_kind)
+    class_scores_why: str | None = None  # "--class-output", "name" or "probabilities"
     rows: int = 0
     k: int = 0
     top1_agree: int = 0
@@ -67,7 +85,10 @@ class OutputStats:
             self.norm_ref += float(np.dot(r[both], r[both]))
             self.norm_out += float(np.dot(o[both], o[both]))
         if self.class_scores is None:
-            self.class_scores = bool(CLASS_NAME.search(self.name))
+            self.class_scores_why = class_score_kind(self.name, ref)
+            self.class_scores = self.class_scores_why is not None
+        elif self.class_scores and self.class_scores_why is None:
+            self.class_scores_why = "--class-output"
         if self.class_scores and ref.ndim >= 1 and ref.shape[-1] >= 2:
             rr = ref.reshape(-1, ref.shape[-1])
             oo = np.nan_to_num(out.reshape(-1, ref.shape[-1]).astype(np.float64), nan=-np.inf)
@@ -100,6 +121,7 @@ class OutputStats:
             "top1": None,
             "topk": None,
             "k": None,
+            "class_scores": self.class_scores_why if self.class_scores and self.rows else None,
         }
         if self.class_scores and self.rows:
             out["top1"] = self.top1_agree / self.rows
