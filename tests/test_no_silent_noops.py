@@ -302,3 +302,72 @@ def test_class_outputs_are_recognised_by_values_and_by_name_and_reported():
     assert "class scores (top-1 over the last axis): softmax_11.tmp_0 (probabilities), target_label (name)" in text
     forced = validate(m, converted, ValidateOptions(speed=False, class_outputs=["features"]))
     assert {o["name"]: o["class_scores"] for o in forced["outputs"]}["features"] == "--class-output"
+
+
+# ---- errors that say which model and what the file holds ---------------------------------------
+
+
+def run_cli(*args, cwd):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_runtime_failures_name_the_model_and_come_alone(tmp_path):
+    # Reshape to a fixed [2, 8]: run with n=3 rows, ONNX Runtime fails inside the reference model
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [
+            numpy_helper.from_array(np.array([2, 8], np.int64), "s"),
+            numpy_helper.from_array(np.ones((8, 8), np.float32), "w"),
+        ],
+    )
+    import onnx
+
+    ref = tmp_path / "rs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ref)
+    conv = tmp_path / "rs16.onnx"
+    autocast_onnx.convert_file(ref, conv)
+    proc = run_cli("validate", ref, conv, "--dim", "n=3", "--no-speed", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()  # no ONNX Runtime log line before ours
+    assert line.startswith(f"autocast-onnx: error: {ref}: ONNX Runtime failed to run the reference model: ")
+
+
+def test_a_malformed_converted_model_is_an_input_error_naming_it(files, tmp_path):
+    import onnx
+
+    _d, conv = files
+    broken = onnx.load(str(conv))
+    weight = next(t for t in broken.graph.initializer if len(t.dims) == 4)
+    weight.raw_data = weight.raw_data[:10]  # data shorter than its dims
+    path = tmp_path / "broken.onnx"
+    onnx.save(broken, path)
+    one_error_line(
+        invoke("validate", RESNET, path, "--no-speed"),
+        str(path),
+        "cannot build the fp32 emulation of the converted model",
+    )
+
+
+def test_inputs_missing_an_array_list_what_the_archive_holds(files):
+    d, conv = files
+    np.savez(d / "wrong.npz", images=np.zeros((1, 3, 32, 32), np.float32), other=np.zeros(3))
+    one_error_line(
+        invoke("validate", RESNET, conv, "--inputs", d / "wrong.npz"),
+        "missing input(s) pixel_values; the archive holds images, other",
+    )

@@ -98,13 +98,26 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         batches = [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
 
     # From the file when there is one: serializing a large parsed model again costs seconds.
-    ref_sess = runner.session(ref_path if ref_path else ref_model.SerializeToString(), device)
+    ref_label, conv_label = "the reference model", "the converted model"
+    ref_sess = runner.session(
+        ref_path if ref_path else ref_model.SerializeToString(), device, label=ref_label, where=ref_path
+    )
     if numerics == "emulate":
+        try:
+            emulated = emulation_model(conv_model, conv_path or "<converted>")
+        except (ValueError, TypeError) as exc:  # a malformed tensor (e.g. data shorter than its dims)
+            raise AutocastError(
+                f"cannot build the fp32 emulation of the converted model: {exc}",
+                conv_path,
+                "check the converted model with onnx.checker; convert it again",
+            ) from None
         conv_sess = runner.session(
-            emulation_model(conv_model, conv_path or "<converted>").SerializeToString(), "cpu", optimize=False
+            emulated.SerializeToString(), "cpu", optimize=False, label=f"the emulation of {conv_label}", where=conv_path
         )
     else:
-        conv_sess = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
+        conv_sess = runner.session(
+            conv_path if conv_path else conv_model.SerializeToString(), device, label=conv_label, where=conv_path
+        )
     ref_names = [o.name for o in ref_sess.get_outputs()]
     conv_names = [o.name for o in conv_sess.get_outputs()]
     if ref_names != conv_names:
@@ -148,7 +161,12 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         real_conv = conv_sess
         if numerics != "plain":
             try:
-                real_conv = runner.session(conv_path if conv_path else conv_model.SerializeToString(), device)
+                real_conv = runner.session(
+                    conv_path if conv_path else conv_model.SerializeToString(),
+                    device,
+                    label=conv_label,
+                    where=conv_path,
+                )
             except AutocastError as exc:
                 # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
                 real_conv, speed_skipped = (

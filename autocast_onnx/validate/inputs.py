@@ -360,8 +360,9 @@ def _check_headers(f: Path, names: dict) -> None:
     headers = _npz_headers(f, names)
     missing = set(names) - set(headers)
     if missing:
+        held = ", ".join(sorted(headers)) or "no arrays"
         raise AutocastError(
-            f"missing input(s) {', '.join(sorted(missing))}",
+            f"missing input(s) {', '.join(sorted(missing))}; the archive holds {held}",
             str(f),
             "the archive needs one array per model input, named like the input",
         )

@@ -12,11 +12,15 @@ from ..errors import AutocastError
 RUNTIME_HINT = 'install a runtime: pip install "autocast-onnx[cpu]" (or "[gpu]" for CUDA)'
 
 
+QUIET_SEVERITY = 4  # ONNX Runtime's FATAL: its error lines would come before ours, which say the same
+
+
 def ort():
     try:
         import onnxruntime
     except ImportError:
         raise AutocastError("this command needs ONNX Runtime, which is not installed", None, RUNTIME_HINT) from None
+    onnxruntime.set_default_logger_severity(QUIET_SEVERITY)
     return onnxruntime
 
 
@@ -52,23 +56,26 @@ def with_outputs(model, names, types: dict) -> bytes:
     return probe.SerializeToString()
 
 
-def session(model_bytes: bytes | str, device: str, optimize: bool = True):
-    """An inference session for serialized model bytes or a model path."""
+def session(model_bytes: bytes | str, device: str, optimize: bool = True, label: str = "the model", where=None):
+    """An inference session for serialized model bytes or a model path. `label` ("the reference
+    model", "the converted model") and `where` (its path) name it in errors, here and in run()."""
     rt = ort()
     options = rt.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = QUIET_SEVERITY
     if not optimize:
         options.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     try:
-        return rt.InferenceSession(model_bytes, options, providers=providers)
+        sess = rt.InferenceSession(model_bytes, options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types for unsupported models
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AutocastError(
-            f"ONNX Runtime cannot load the model: {first[:300]}",
-            None,
+            f"ONNX Runtime cannot load {label}: {first[:300]}",
+            where,
             "check that the model runs in ONNX Runtime on its own",
         ) from None
+    sess._autocast_label, sess._autocast_where = label, where
+    return sess
 
 
 _NUMPY_OF = {
@@ -100,8 +107,8 @@ def run(sess, feeds: dict) -> list[np.ndarray]:
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AutocastError(
-            f"ONNX Runtime failed to run the model: {first[:300]}",
-            None,
+            f"ONNX Runtime failed to run {getattr(sess, '_autocast_label', 'the model')}: {first[:300]}",
+            getattr(sess, "_autocast_where", None),
             "check the input shapes (--dim) and values (--input-range)",
         ) from None
 
