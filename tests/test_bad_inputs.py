@@ -139,6 +139,11 @@ def make_file_case(case, folder, bert):
 def test_unusable_model_file(tmp_path, out, bert_bytes, case, command):
     path = make_file_case(case, tmp_path / "models", bert_bytes)
     good = good_model(tmp_path)
+    if case == "directory" and command == "lint":
+        # lint searches a folder for .onnx files: the model inside is linted
+        outcome = invoke(argv(command, path, out, good=good))
+        assert outcome.code == 0 and outcome.exception is None, outcome
+        return
     refused(tmp_path, argv(command, path, out, good=good), FILE_ERRORS[case], path.name)
 
 

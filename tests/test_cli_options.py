@@ -186,7 +186,7 @@ def test_lint_protection_follows_the_selections(project):
         w=randn([8, 7]),
     )
     onnx.save(model, project / "tiny.onnx")
-    _, plain, _ = run("lint", "tiny.onnx", cwd=project)
-    _, excluded, _ = run("lint", "tiny.onnx", "--exclude-op", "MatMul", cwd=project)
+    _, plain, _ = run("lint", "tiny.onnx", "--show-protected", cwd=project)
+    _, excluded, _ = run("lint", "tiny.onnx", "--exclude-op", "MatMul", "--show-protected", cwd=project)
     assert "MatMul N=7 not a multiple of 8; the default conversion rules would NOT protect this" in plain
     assert "MatMul N=7 not a multiple of 8; the default conversion rules keep this fp32" in excluded

@@ -219,6 +219,9 @@ HOSTILE = {
     "lint": {
         "models": INPUT_FILE,
         "fmt": choice(),
+        "statistics": NO_VALUE,
+        "exit_zero": NO_VALUE,
+        "show_protected": NO_VALUE,
         "output": dict(OUTPUT.items()),
         "select": SELECTOR,
         "ignore": SELECTOR,
@@ -271,6 +274,7 @@ HOSTILE = {
         "verbose": NO_VALUE,
     },
     "rules": {
+        "codes": SELECTOR,
         "fmt": choice(),
     },
     "emulate": {

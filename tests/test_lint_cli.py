@@ -496,7 +496,6 @@ def test_input_and_usage_errors_exit_2_with_one_line(masked, tmp_path):
         (cli_proc, ["lint", masked, "--select", "XYZ999"], ["'XYZ999' selects no check"]),
         (cli_in, ["lint", masked, "--ignore", "XYZ999"], ["'XYZ999' selects no check"]),
         (cli_in, ["lint", masked, "--config", tmp_path / "nope.toml"], ["nope.toml", "config file not found"]),
-        (cli_in, ["lint", masked, tmp_path / "missing.onnx"], ["missing.onnx"]),
         (cli_in, ["lint", masked, "--format", "json", "-o", tmp_path / "no" / "dir" / "r.json"], []),
     ]
     for runner, args, fragments in cases:
@@ -504,6 +503,13 @@ def test_input_and_usage_errors_exit_2_with_one_line(masked, tmp_path):
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert_one_error_line(proc.stderr, *fragments)
         assert proc.stdout == ""
+    # one unreadable model among several: the others are linted, the run still exits 2
+    proc = cli_proc("lint", masked, tmp_path / "missing.onnx", not_onnx, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{masked}: 5 finding(s) (as converted)" in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and all(line.startswith("autocast-onnx: error: ") for line in lines)
+    assert "missing.onnx" in lines[0] and "not an ONNX model" in lines[1]
 
 
 @pytest.mark.parametrize(
@@ -791,3 +797,79 @@ def test_explain_with_calibration_data_reports_measured_ranges(tmp_path):
     # downstream nodes fed by the huge values are kept fp32 too
     relu = invoke("explain", path, "relu", "--calibration-data", data).stdout
     assert "  precision: fp32" in relu and "[calibration]" in relu
+
+
+# ---- at scale: folders, statistics, exit-zero, colour, protected findings, rules CODE ------------
+
+
+def test_a_folder_is_searched_for_models_and_an_unreadable_one_is_reported(masked, tmp_path):
+    folder = tmp_path / "zoo"
+    (folder / "sub").mkdir(parents=True)
+    save(masked_softmax_model(), folder / "sub" / "a.onnx")
+    (folder / "broken.onnx").write_bytes(b"not a model")
+    (folder / "notes.txt").write_text("ignored")
+    proc = cli_proc("lint", folder, "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 2
+    report = json.loads(proc.stdout)
+    assert [m["path"] for m in report["models"]] == [str(folder / "sub" / "a.onnx")]
+    assert_one_error_line(proc.stderr, "broken.onnx", "not an ONNX model")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_error_line(cli_in("lint", empty, cwd=tmp_path).stderr, "folder holds no .onnx file")
+
+
+def test_statistics_exit_zero_and_the_output_format_alias(masked, resnet16):
+    stats = invoke("lint", masked, resnet16, "--statistics")
+    assert stats.exit_code == 1  # the findings still decide the exit code
+    lines = stats.stdout.splitlines()
+    assert lines[0].split()[:2] == ["2", "AC402"] and lines[-1].split()[:2] == ["6", "finding(s)"]
+    assert any(line.split()[:3] == ["1", "AC101", "softmax-in-low-precision"] for line in lines)
+    as_json = json.loads(invoke("lint", masked, "--statistics", "--output-format", "json").stdout)
+    assert {row["code"]: row["count"] for row in as_json} == {
+        "AC101": 1,
+        "AC201": 1,
+        "AC203": 1,
+        "AC302": 1,
+        "AC402": 1,
+    }
+    assert invoke("lint", masked, "--exit-zero").exit_code == 0
+    assert invoke("lint", masked, "--output-format", "json").stdout == invoke("lint", masked, "--format", "json").stdout
+
+
+def test_colour_only_when_asked_for(masked, monkeypatch):
+    from autocast_onnx.cli.main import _colour
+    from autocast_onnx.lint import lint as run_lint
+    from autocast_onnx.report.lint import lint_text
+
+    result = run_lint(masked)
+    assert "\x1b[" not in lint_text([result]) and "\x1b[31m" in lint_text([result], colour=True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not _colour()
+    monkeypatch.delenv("NO_COLOR")
+    assert _colour()
+    assert "\x1b[" not in invoke("lint", masked).stdout  # CliRunner's stdout is no terminal
+
+
+def test_protected_findings_are_counted_not_listed_unless_asked(tmp_path):
+    proc = invoke("lint", GPT2)
+    assert proc.exit_code == 0
+    hidden = re.search(
+        r"(\d+) finding\(s\) the conversion rules protect \(info, not listed; --show-protected", proc.stdout
+    )
+    assert hidden and int(hidden.group(1)) > 0
+    shown = invoke("lint", GPT2, "--show-protected").stdout
+    assert "not listed" not in shown and "the default conversion rules keep this fp32" in shown
+    # a group's header gives the severities found, not the check's default (AC101 is an error check)
+    assert re.search(r"^AC101 softmax-in-low-precision \[info\]:", shown, re.M)
+
+
+def test_rules_code_explains_one_check():
+    one = invoke("rules", "AC203")
+    assert one.exit_code == 0
+    assert one.stdout.startswith("AC203 masking-constant [") and "Why: " in one.stdout and "Fix: " in one.stdout
+    by_name = invoke("rules", "masking-constant")
+    assert by_name.stdout == one.stdout
+    assert [c["code"] for c in json.loads(invoke("rules", "AC9", "--format", "json").stdout)] == ["AC901"]
+    bad = invoke("rules", "ZZ999")
+    assert bad.exit_code == 2 and "no check has the code or name 'ZZ999'" in bad.stderr

@@ -863,25 +863,80 @@ def _write_or_echo(text: str, output) -> None:
         write_text_atomic(Path(output), text + "\n")
 
 
+def _expand_models(models) -> tuple[list[Path], list[str]]:
+    """The model files to lint: files as given, folders searched for *.onnx (sorted); and one
+    error line per argument that gives none."""
+    paths: list[Path] = []
+    errors: list[str] = []
+    for m in models:
+        p = Path(m)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*.onnx") if f.is_file())
+            if not found:
+                errors.append(
+                    AutocastError("folder holds no .onnx file", str(p), "pass model files or a folder of them").line()
+                )
+            paths.extend(found)
+        else:
+            paths.append(p)
+    return paths, errors
+
+
+def selected_any(checks, selector: str) -> bool:
+    from ..lint.engine import selected
+
+    try:
+        return bool(selected(checks, [selector], ()))
+    except AutocastError:
+        return False
+
+
+def _colour() -> bool:
+    """Colour on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 @cli.command()
 @click.argument("models", nargs=-1, required=True, type=PATH)
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "--output-format",
+    "fmt",
+    type=click.Choice(["text", "json", "sarif"]),
+    default="text",
+    show_default=True,
+    help="Report format (--output-format is the same option).",
+)
 @click.option("-o", "--output", type=PATH, help="Write the report here instead of stdout ('-': stdout).")
+@click.option("--statistics", is_flag=True, help="Count the findings per check instead of listing them.")
+@click.option(
+    "--exit-zero", is_flag=True, help="Exit 0 even with findings at or above --fail-on (input errors exit 2)."
+)
+@click.option(
+    "--show-protected",
+    is_flag=True,
+    help="fp32 models: list the findings the conversion rules protect (info) instead of counting them in one line.",
+)
 @lint_options_group
 @plan_options_group(keep_io=False)
 @config_option
 @verbose_option
-def lint(models, fmt, output, select, ignore, fail_on, config, verbose, **kw) -> None:
-    """Find numerically unsafe low-precision ops in MODELS (converted, or fp32 as if converted).
+def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ignore, fail_on, config, verbose, **kw):
+    """Find numerically unsafe low-precision ops in MODELS: files, or folders searched for .onnx
+    files (converted models, or fp32 models as if converted).
 
     For fp32 models, --precision is the type to check against and the plan options decide which
-    findings the conversion protects (reported as info).
+    findings the conversion protects (reported as info, counted in one line unless --show-protected).
+    A model that cannot be read is reported on stderr and the others are linted.
 
-    Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 usage or input error, 3 internal error."""
+    Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 usage or input error (also when
+    any model could not be read), 3 internal error."""
     from dataclasses import replace
 
     from ..lint import lint as run_lint
-    from ..report.lint import lint_json, lint_text, sarif_json
+    from ..report.lint import lint_json, lint_statistics, lint_text, sarif_json
+
+    bad_inputs: list[str] = []
 
     def body(written):
         from ..io import check_outputs
@@ -897,24 +952,35 @@ def lint(models, fmt, output, select, ignore, fail_on, config, verbose, **kw) ->
             plan=plan,
             precision_given=bool(kw.get("precision") or settings.get("precision")),
         )
-        check_outputs([("-o", output)], [*models, config_file, *options.rules], model_inputs=models)
+        paths, errors = _expand_models(models)
+        bad_inputs.extend(errors)
+        existing = [p for p in paths if p.exists()]
+        check_outputs([("-o", output)], [*existing, config_file, *options.rules], model_inputs=existing)
         written.track(output)
-        if len(models) > 1:
+        many = len(paths) > 1
+        if many:
             # configuration suppressions are judged over all the models together
+            options = replace(options, report_unused_config=False)
+        results = []
+        for path in paths:
+            try:
+                results.append(run_lint(path, options))
+            except AutocastError as exc:  # one unreadable model does not stop the others
+                bad_inputs.append(exc.line())
+        if many and results:
             from ..lint.engine import unused_config_suppressions
 
-            options = replace(options, report_unused_config=False)
-            results = [run_lint(m, options) for m in models]
             results[-1].diagnostics.extend(unused_config_suppressions(results, options))
-        else:
-            results = [run_lint(m, options) for m in models]
-        if fmt == "json":
+        if statistics:
+            text = lint_statistics(results, fmt)
+        elif fmt == "json":
             text = lint_json(results)
         elif fmt == "sarif":
             text = sarif_json([d for r in results for d in r.diagnostics])
         else:
-            text = lint_text(results)
-        _write_or_echo(text, output)
+            text = lint_text(results, show_protected=show_protected, colour=output is None and _colour())
+        if results or fmt != "text":
+            _write_or_echo(text, output)
         return any(r.failed(options.fail_on) for r in results)
 
     failed = run_guarded(
@@ -922,21 +988,41 @@ def lint(models, fmt, output, select, ignore, fail_on, config, verbose, **kw) ->
         doing="linting",
         subject=", ".join(str(m) for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else ""),
     )
-    sys.exit(EXIT_FAIL if failed else EXIT_OK)
+    for line in bad_inputs:
+        click.echo(f"autocast-onnx: error: {line}", err=True)
+    if bad_inputs:
+        sys.exit(EXIT_INPUT)
+    sys.exit(EXIT_FAIL if failed and not exit_zero else EXIT_OK)
 
 
 @cli.command("rules")
+@click.argument("codes", nargs=-1, type=TEXT)
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
-def rules_cmd(fmt) -> None:
-    """List the lint checks: code, name, severity, summary (markdown: the docs/rules.md page)."""
+def rules_cmd(codes, fmt) -> None:
+    """List the lint checks: code, name, severity, summary (markdown: the docs/rules.md page).
+
+    With CODES (codes, code prefixes or names, e.g. `rules AC101` or `rules masking-constant`):
+    each matching check in full - why it matters, how to fix it, an example."""
     import json as _json
 
     from ..lint.catalog import load_checks
-    from ..report.lint import rules_markdown, rules_text
+    from ..lint.engine import selected
+    from ..report.lint import rule_text, rules_markdown, rules_text
 
     def body(written):
+        checks = list(load_checks())
+        if codes:
+            try:
+                checks = selected(checks, codes, ())
+            except AutocastError:
+                unknown = [c for c in codes if not selected_any(checks, c)]
+                raise AutocastError(
+                    f"no check has the code or name {', '.join(repr(c) for c in unknown)}",
+                    "rules",
+                    "`autocast-onnx rules` lists them all",
+                ) from None
         if fmt == "markdown":
-            click.echo(rules_markdown(), nl=False)
+            click.echo(rules_markdown(checks if codes else None), nl=False)
         elif fmt == "json":
             click.echo(
                 _json.dumps(
@@ -950,11 +1036,13 @@ def rules_cmd(fmt) -> None:
                             "fix": c.fix,
                             "kind": c.kind,
                         }
-                        for c in load_checks()
+                        for c in checks
                     ],
                     indent=1,
                 )
             )
+        elif codes:
+            click.echo("\n\n".join(rule_text(c) for c in checks))
         else:
             click.echo(rules_text())
 

@@ -20,26 +20,44 @@ def counts(diagnostics) -> dict:
     return {s: c.get(s, 0) for s in reversed(SEVERITIES)}
 
 
-def lint_text(results) -> str:
-    """Findings grouped by code, each with node, op type and message, then the check's fix hint."""
+SEVERITY_COLOUR = {"error": "red", "warning": "yellow", "info": "blue"}
+
+
+def lint_text(results, show_protected: bool = True, colour: bool = False) -> str:
+    """Findings grouped by code, each with node, op type and message, then the check's fix hint.
+    A group's header gives the severities its findings have. Unless `show_protected`, the info
+    findings the conversion rules protect (fp32 models) are counted in one line, not listed."""
+    import click
+
+    def sev(word: str) -> str:
+        return click.style(word, fg=SEVERITY_COLOUR[word], bold=word == "error") if colour else word
+
     checks = {c.code: c for c in load_checks()}
     lines = []
     order = {c.code: k for k, c in enumerate(checks.values())}
     diagnostics = [d for r in results for d in r.diagnostics]
+    hidden = [] if show_protected else [d for d in diagnostics if d.protected and d.severity == "info"]
+    hidden_ids = {id(d) for d in hidden}
     by_code: dict[str, list] = {}
     for d in sorted(diagnostics, key=lambda d: order.get(d.code, 999)):
-        by_code.setdefault(d.code, []).append(d)
+        if id(d) not in hidden_ids:
+            by_code.setdefault(d.code, []).append(d)
     for code, group in by_code.items():
         check = checks[code]
-        lines.append(f"{code} {check.name} [{check.severity}]: {check.summary}")
+        found = [x for x in reversed(SEVERITIES) if any(d.severity == x for d in group)]
+        lines.append(f"{code} {check.name} [{', '.join(sev(x) for x in found)}]: {check.summary}")
         for d in group:
             where = f"{d.model}: " if len(results) > 1 and d.model else ""
             node = d.node or "(model)"
             graph = "" if d.graph == "main" else f" in {d.graph}"
-            sev = "" if d.severity == check.severity else f" [{d.severity}]"
-            lines.append(f"  {where}{node}{graph} ({d.op_type or '-'}){sev}: {d.message}")
+            mark = f" [{sev(d.severity)}]" if len(found) > 1 else ""
+            lines.append(f"  {where}{node}{graph} ({d.op_type or '-'}){mark}: {d.message}")
         lines.append(f"  fix: {check.fix}")
         lines.append("")
+    if hidden:
+        lines.append(
+            f"{len(hidden)} finding(s) the conversion rules protect (info, not listed; --show-protected to list)"
+        )
     total = counts(diagnostics)
     suppressed = sum(r.suppressed for r in results)
     for r in results:
@@ -48,9 +66,38 @@ def lint_text(results) -> str:
         )
         lines.append(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})")
     lines.append(
-        f"{len(diagnostics)} finding(s): {total['error']} error, {total['warning']} warning, "
+        f"{len(diagnostics)} finding(s): {sev('error')} {total['error']}, {sev('warning')} {total['warning']}, "
+        f"{sev('info')} {total['info']}; {suppressed} suppressed"
+        if colour
+        else f"{len(diagnostics)} finding(s): {total['error']} error, {total['warning']} warning, "
         f"{total['info']} info; {suppressed} suppressed"
     )
+    return "\n".join(lines)
+
+
+def lint_statistics(results, fmt: str = "text") -> str:
+    """Findings counted per check (most first), by severity: `lint --statistics`."""
+    checks = {c.code: c for c in load_checks()}
+    per: dict[str, Counter] = {}
+    for r in results:
+        for d in r.diagnostics:
+            per.setdefault(d.code, Counter())[d.severity] += 1
+    rows = sorted(per.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    if fmt != "text":
+        return json.dumps(
+            [
+                {"code": code, "name": checks[code].name, "count": sum(c.values()), "by_severity": dict(c)}
+                for code, c in rows
+            ],
+            indent=1,
+        )
+    lines = [
+        f"{sum(c.values()):>6}  {code:<6} {checks[code].name:<40} "
+        + ", ".join(f"{n} {x}" for x in reversed(SEVERITIES) for n in [c.get(x, 0)] if n)
+        for code, c in rows
+    ]
+    total = sum(sum(c.values()) for _, c in rows)
+    lines.append(f"{total:>6}  finding(s) in {len(results)} model(s)")
     return "\n".join(lines)
 
 
@@ -154,8 +201,20 @@ def rules_text() -> str:
     return "\n".join(lines)
 
 
-def rules_markdown() -> str:
-    """docs/rules.md, generated from rules/lint.toml."""
+def rule_text(c) -> str:
+    """One check in full, for `autocast-onnx rules CODE`."""
+    import textwrap
+
+    out = [f"{c.code} {c.name} [{c.severity}]: {c.summary}", ""]
+    out += textwrap.wrap("Why: " + " ".join(c.why.split()), 100)
+    out += [""] + textwrap.wrap("Fix: " + c.fix, 100)
+    if c.example:
+        out += ["", "Example:", f"    {c.example}"]
+    return "\n".join(out)
+
+
+def rules_markdown(only=None) -> str:
+    """docs/rules.md, generated from rules/lint.toml (`only`: these checks, for `rules CODE`)."""
     out = [
         "# Lint checks",
         "",
@@ -170,7 +229,7 @@ def rules_markdown() -> str:
         "| code | name | severity | summary |",
         "|---|---|---|---|",
     ]
-    checks = load_checks()
+    checks = list(only) if only is not None else load_checks()
     for c in checks:
         out.append(f"| [{c.code}](#{c.code.lower()}-{c.name}) | {c.name} | {c.severity} | {c.summary} |")
     for c in checks:
