@@ -263,6 +263,7 @@ HOSTILE = {
     "explain": {
         "model": INPUT_FILE,
         "node": {"empty": "", "blank": " ", "unknown": "nosuch", "negative_id": "#-1", "huge_id": "#" + "9" * 30},
+        "op_type": {"empty": "", "blank": " ", "unknown": "Softmaxx", "absent_from_model": "Conv"},
         "precision": choice(),
         "rules": RULES,
         "exclude_op": OP,

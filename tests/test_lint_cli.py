@@ -873,3 +873,23 @@ def test_rules_code_explains_one_check():
     assert [c["code"] for c in json.loads(invoke("rules", "AC9", "--format", "json").stdout)] == ["AC901"]
     bad = invoke("rules", "ZZ999")
     assert bad.exit_code == 2 and "no check has the code or name 'ZZ999'" in bad.stderr
+
+
+def test_explain_by_regex_and_by_op_type(tmp_path):
+    both = cli_proc("explain", BERT, "--op", "Softmax", cwd=tmp_path)
+    assert both.returncode == 0 and both.stdout.startswith("2 nodes match\n")
+    assert both.stdout.count("(Softmax), node #") == 2
+    one = cli_proc("explain", BERT, r"layer\.1/.*Softmax", cwd=tmp_path)
+    assert one.returncode == 0 and one.stdout.startswith("/encoder/layer.1/attention/self/Softmax (Softmax)")
+    assert "Softmax always stays fp32 (category keep_fp32). Why: " in one.stdout  # a sentence, then the evidence
+    narrowed = cli_proc("explain", BERT, "layer.0", "--op", "Softmax", cwd=tmp_path)
+    assert narrowed.stdout.count("(Softmax), node #") == 1
+    for args, fragment in (
+        (["--op", "Conv"], "no node has op type 'Conv'"),
+        ([], "give NODE (a name, regex or #ID) or --op TYPE"),
+        (["(unclosed"], "bad regex"),
+        (["#99999"], "no node #99999"),
+    ):
+        proc = cli_proc("explain", BERT, *args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert_one_error_line(proc.stderr, fragment)

@@ -53,6 +53,11 @@ def run_guarded(fn, *, doing: str, subject=None):
     except KeyboardInterrupt:
         outputs.discard()
         _fail("interrupted; nothing was written", 130)
+    except BrokenPipeError:
+        # the reader of stdout stopped early (`| head`): what it read is all it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(EXIT_OK)
     except MemoryError:
         outputs.discard()
         _fail(
@@ -1051,36 +1056,74 @@ def rules_cmd(codes, fmt) -> None:
 
 @cli.command()
 @click.argument("model", type=PATH)
-@click.argument("node", type=TEXT)
+@click.argument("node", type=TEXT, required=False)
+@click.option("--op", "op_type", type=TEXT, help="Explain every node of this op type (OpType or domain:OpType).")
 @plan_options_group()
 @click.option("--calibration-data", type=PATH, help="Measure tensor ranges on this data first.")
 @config_option
 @verbose_option
-def explain(model, node, calibration_data, config, verbose, **kw) -> None:
+def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> None:
     """Say which precision NODE of MODEL gets and why: the rules that fired (file:line) and
-    measured values. NODE is a node name, or #ID for the plan's node id."""
+    measured values. NODE is a node name, #ID for the plan's node id, or a regex (when it has
+    regex characters such as . * [ ^; re.search) explaining every node whose name matches;
+    --op TYPE explains every node of that op type (with NODE: those that match both)."""
+    import re
+
     from ..pipeline import convert, plan_on_data
 
+    def select(nodes) -> list:
+        if op_type is not None:
+            domain, _, op = op_type.rpartition(":")
+            nodes = [e for e in nodes if e.op_type == op and (not domain or e.domain == domain)]
+            if not nodes:
+                raise AutocastError(
+                    f"no node has op type {op_type!r}",
+                    str(model),
+                    "check the op type; --plan-out of convert lists the nodes",
+                )
+            if node is None:
+                return nodes
+        exact = [e for e in nodes if e.name == node]
+        if exact:
+            return exact
+        if node.startswith("#") and node[1:].isdigit():
+            by_id = [e for e in nodes if e.id == int(node[1:])]
+            if not by_id:
+                raise AutocastError(f"no node {node}", str(model), f"ids run from #0 to #{len(nodes) - 1}")
+            return by_id
+        # a NODE with regex characters is a pattern; a plain name is a name (a typo gets suggestions)
+        if re.search(r"[.*+?\[\](){}|^$\\]", node):
+            try:
+                pattern = re.compile(node)
+            except re.error as exc:
+                raise AutocastError(f"bad regex {node!r}: {exc}", str(model), "fix the pattern") from None
+            matched = [e for e in nodes if e.name and pattern.search(e.name)]
+            if matched:
+                return matched
+        import difflib
+
+        names = [e.name for e in nodes if e.name]
+        close = difflib.get_close_matches(node, names, n=3, cutoff=0.5)
+        raise AutocastError(
+            ("no node matches" if re.search(r"[.*+?\[\](){}|^$\\]", node) else "no node named")
+            + f" {node!r}"
+            + (f" among the {op_type} nodes" if op_type else ""),
+            str(model),
+            ("did you mean " + ", ".join(repr(c) for c in close) + "?")
+            if close
+            else "use a node name, a regex or #ID; --plan-out of convert lists the nodes",
+        )
+
     def body(written):
+        if node is None and op_type is None:
+            raise AutocastError("say which node: give NODE (a name, regex or #ID) or --op TYPE", None, "see --help")
         settings, _ = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         measured = plan_on_data(model, plan, calibration_data=calibration_data)
         result = convert(model, check="none", calibration=measured.calibration, **plan.convert_kwargs())
-        entries = result.plan.by_name(node)
-        if not entries and node.startswith("#") and node[1:].isdigit():
-            entries = [e for e in result.plan.nodes if e.id == int(node[1:])]
-        if not entries:
-            import difflib
-
-            names = [e.name for e in result.plan.nodes if e.name]
-            close = difflib.get_close_matches(node, names, n=3, cutoff=0.5)
-            raise AutocastError(
-                f"no node named {node!r}",
-                str(model),
-                ("did you mean " + ", ".join(repr(c) for c in close) + "?")
-                if close
-                else "use a node name or #ID (see --plan-out of convert)",
-            )
+        entries = select(result.plan.nodes)
+        if len(entries) > 1:
+            click.echo(f"{len(entries)} nodes match")
         for entry in entries:
             graph = "" if entry.graph == "main" else f" in {entry.graph}"
             click.echo(
@@ -1097,7 +1140,9 @@ def explain(model, node, calibration_data, config, verbose, **kw) -> None:
                     f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else "")
                 )
 
-    run_guarded(body, doing="explaining", subject=f"node {node!r} of {model}")
+    run_guarded(
+        body, doing="explaining", subject=f"{'node ' + repr(node) if node else 'op ' + repr(op_type)} of {model}"
+    )
 
 
 @cli.command()

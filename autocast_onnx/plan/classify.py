@@ -576,11 +576,22 @@ def _calibration_verdict(node, roles_in, roles_out, ranges, target, thresholds):
     return Reason("calibration", message, "rules/default.toml [thresholds] calibration_headroom", value=v)
 
 
+CATEGORY_SENTENCE = {
+    "low_precision": "runs in low precision",
+    "follow": "follows its inputs (low precision when fed by low-precision nodes and reached by no fp32)",
+    "keep_fp32": "always stays fp32",
+    "clear": "moves data without arithmetic and takes its neighbours' precision",
+    "non_float": "computes on no float tensor and is left as it is",
+    "control_flow": "runs its bodies, whose nodes are planned one by one",
+}
+
+
 def _category(rules, domain, op, node, warnings) -> tuple[Category, Reason]:
     op_rule = rules.ops.get((domain, op))
     if op_rule is not None:
+        sentence = CATEGORY_SENTENCE.get(op_rule.category, f"is in category {op_rule.category}")
         return Category.from_rule_name(op_rule.category), Reason(
-            "op-category", f"{op} is in category {op_rule.category}: {op_rule.why}", str(op_rule.source)
+            "op-category", f"{op} {sentence} (category {op_rule.category}). Why: {op_rule.why}", str(op_rule.source)
         )
     qualified = f"{domain}:{op}" if domain else op
     warnings.append(
