@@ -355,25 +355,53 @@ _COMPARE_ONLY = (
 _INPUT_OPTIONS = ("inputs", "dims", "ranges", "batches", "seed")
 
 
+LONG_STAGE_S = 1.0  # without a terminal, a stage that took longer says so in one line
+
+
 def _progress(label, total):
-    if total < 2 or not sys.stderr.isatty():
+    """Progress of one stage of long work, on stderr. On a terminal: a bar with the steps done
+    (the search's bar also shows its best set so far). Without a terminal: one line when a stage
+    that took over LONG_STAGE_S ends, with its time (the --target search prints its own line per
+    evaluation instead)."""
+    import time
+
+    start = time.perf_counter()
+    tty = sys.stderr.isatty()
+    if not tty and label.startswith("--target search"):
         return None
-    bar = click.progressbar(length=total, label=label, file=sys.stderr)
-    bar.__enter__()
+    if tty and total >= 2:
+        bar = click.progressbar(length=total, label=label, file=sys.stderr, show_eta=False, show_pos=True)
+        bar.__enter__()
 
-    class _Bar:
+        class _Bar:
+            def update(self, n):
+                bar.update(n)
+
+            def describe(self, text: str) -> None:
+                """Change the label (e.g. the search's best passing set so far)."""
+                bar.label = text
+                bar.render_progress()
+
+            def finish(self):
+                bar.__exit__(None, None, None)
+
+        return _Bar()
+    if tty:  # a single step on a terminal: nothing to move
+        return None
+
+    class _Line:
+        done = 0
+
         def update(self, n):
-            bar.update(n)
-
-        def describe(self, text: str) -> None:
-            """Change the label (e.g. the search's best passing set so far)."""
-            bar.label = text
-            bar.render_progress()
+            self.done += n
 
         def finish(self):
-            bar.__exit__(None, None, None)
+            took = time.perf_counter() - start
+            if took >= LONG_STAGE_S:  # quick stages stay quiet; stderr then holds only errors
+                steps = f" ({self.done} of {total})" if total >= 2 and self.done != total else ""
+                click.echo(f"{label}{steps}: done in {took:.1f} s", err=True)
 
-    return _Bar()
+    return _Line()
 
 
 def _to_stdout(*paths) -> bool:
@@ -395,7 +423,47 @@ def _write_validation_reports(report, report_json, report_html) -> None:
         write_text_atomic(Path(report_html), validation_html(report))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# --help lists a command's options in these named groups, in this order (by parameter name)
+OPTION_GROUPS = (
+    ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top")),
+    ("Precision and rules", ("precision", "rules", "keep_io_types", "plan_file", "loss_scale")),
+    ("Node selection", ("exclude_op", "exclude_node", "include_node", "op_type")),
+    ("Data-driven planning", ("calibration_data", "targets")),
+    (
+        "Validation inputs",
+        ("run_validate", "skip_validate", "inputs", "dims", "ranges", "batches", "seed", "device", "numerics"),
+    ),
+    ("Accuracy thresholds", ("atol", "rtol", "min_cosine", "min_top1", "class_outputs", "strict")),
+    ("Speed", ("speed", "iterations", "warmup")),
+    ("Lint", ("select", "ignore", "fail_on", "exit_zero", "statistics", "show_protected", "baseline")),
+    ("Reports", ("report_json", "report_html", "sarif", "plan_out_json")),
+    ("General", ("config", "verbose", "help", "version")),
+)
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help shows its options in named groups (OPTION_GROUPS)."""
+
+    def format_options(self, ctx, formatter) -> None:
+        rows: dict[str, list] = {}
+        order = {name: title for title, names in OPTION_GROUPS for name in names}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record is None:
+                continue
+            name = "help" if "--help" in param.opts else param.name or ""
+            rows.setdefault(order.get(name, "Other options"), []).append(record)
+        for title in [t for t, _ in OPTION_GROUPS] + ["Other options"]:
+            if rows.get(title):
+                with formatter.section(title):
+                    formatter.write_dl(rows[title])
+
+
+class GroupedGroup(click.Group):
+    command_class = GroupedCommand
+
+
+@click.group(cls=GroupedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="autocast-onnx")
 def cli() -> None:
     """Automatic mixed precision for ONNX models, correct by default and explained node by node."""
@@ -572,7 +640,7 @@ def convert(
             calibration_data=calibration_data,
             targets=targets if goal else (),
             validation=options,
-            progress=_progress,
+            progress=None if quiet else _progress,
             note=None if quiet or sys.stderr.isatty() else lambda text: click.echo(text, err=True),
         )
         if measured.search_log is not None:
@@ -615,7 +683,7 @@ def convert(
         from ..validate.core import validate as run_validation
 
         echo("")
-        report = run_validation(model, out, options, progress=_progress)
+        report = run_validation(model, out, options, progress=None if quiet else _progress)
         echo(validation_text(report))
         _write_validation_reports(report, report_json, report_html)
         return report["passed"]
@@ -735,7 +803,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
             model_inputs=[reference, converted],
         )
         written.track(report_json, report_html)
-        report = run_validation(reference, converted, options, progress=_progress)
+        report = run_validation(reference, converted, options, progress=None if quiet else _progress)
         if not quiet:
             click.echo(validation_text(report), err=_to_stdout(report_json, report_html))
         _write_validation_reports(report, report_json, report_html)
@@ -1002,7 +1070,14 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
 
 @cli.command("rules")
 @click.argument("codes", nargs=-1, type=TEXT)
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "json"]),
+    default="text",
+    show_default=True,
+    help="text: one line per check (in full with CODES); markdown: the docs/rules.md page; json: every field.",
+)
 def rules_cmd(codes, fmt) -> None:
     """List the lint checks: code, name, severity, summary (markdown: the docs/rules.md page).
 

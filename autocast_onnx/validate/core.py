@@ -99,6 +99,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
 
     # From the file when there is one: serializing a large parsed model again costs seconds.
     ref_label, conv_label = "the reference model", "the converted model"
+    loading = progress("loading both models into ONNX Runtime", 1) if progress else None
     ref_sess = runner.session(
         ref_path if ref_path else ref_model.SerializeToString(), device, label=ref_label, where=ref_path
     )
@@ -118,6 +119,9 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         conv_sess = runner.session(
             conv_path if conv_path else conv_model.SerializeToString(), device, label=conv_label, where=conv_path
         )
+    if loading:
+        loading.update(1)
+        loading.finish()
     ref_names = [o.name for o in ref_sess.get_outputs()]
     conv_names = [o.name for o in conv_sess.get_outputs()]
     if ref_names != conv_names:
@@ -134,7 +138,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
             "outputs are: " + ", ".join(ref_names),
         )
     stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in ref_names]
-    loop = progress("comparing", len(batches)) if progress else None
+    loop = progress(f"comparing outputs on {len(batches)} batch(es)", len(batches)) if progress else None
     for feeds in batches:
         conv_feeds = runner.feeds_for(conv_sess, feeds)
         ref_out = runner.run(ref_sess, feeds)
@@ -174,10 +178,17 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
                     f"speed not measured: the converted model does not load on {device} as it is ({exc.what})",
                 )
     if options.speed and real_conv is not None:
+        runs = options.iterations + options.warmup
+        timing = progress(f"timing both models ({runs} runs each)", 2) if progress else None
         ref_lat = runner.latency(ref_sess, feeds, device, options.iterations, options.warmup)
+        if timing:
+            timing.update(1)
         conv_lat = runner.latency(
             real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations, options.warmup
         )
+        if timing:
+            timing.update(1)
+            timing.finish()
         batch = _batch_size(feeds)
         speed = {
             "device": device,
