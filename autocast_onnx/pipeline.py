@@ -73,6 +73,18 @@ class ConversionResult:
     def casts_added(self) -> int:
         return self.stats.casts_added
 
+    def summary(self) -> str:
+        """The summary `autocast-onnx convert` prints (docs/summary.md)."""
+        from .report import conversion_summary
+
+        return conversion_summary(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConversionResult({self.plan!r}, {self.stats.casts_added} casts added, initializer bytes "
+            f"{self.initializer_bytes_before:,} -> {self.initializer_bytes_after:,})"
+        )
+
 
 @contextmanager
 def _no_gc():

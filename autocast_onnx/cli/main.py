@@ -1200,20 +1200,7 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
         if len(entries) > 1:
             click.echo(f"{len(entries)} nodes match")
         for entry in entries:
-            graph = "" if entry.graph == "main" else f" in {entry.graph}"
-            click.echo(
-                f"{entry.label} ({entry.domain + ':' if entry.domain else ''}{entry.op_type}){graph}, node #{entry.id}"
-            )
-            click.echo(f"  category: {entry.category}")
-            click.echo(f"  precision: {entry.precision}")
-            if entry.fp32_inputs or entry.fp32_outputs:
-                click.echo(f"  pinned fp32 ports: inputs {entry.fp32_inputs}, outputs {entry.fp32_outputs}")
-            click.echo("  because:")
-            for reason in entry.reasons:
-                value = "" if reason.value is None else f" (measured {reason.value:.4g})"
-                click.echo(
-                    f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else "")
-                )
+            click.echo(entry.explain())
 
     run_guarded(
         body, doing="explaining", subject=f"{'node ' + repr(node) if node else 'op ' + repr(op_type)} of {model}"

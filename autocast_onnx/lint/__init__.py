@@ -4,3 +4,19 @@ from .catalog import Check, load_checks
 from .engine import LintOptions, LintResult, lint
 
 __all__ = ["Check", "LintOptions", "LintResult", "lint", "load_checks"]
+
+
+# `autocast_onnx.lint(...)` is the API function (autocast_onnx.api.lint); the package stays
+# importable as `autocast_onnx.lint.<module>`.
+import sys as _sys
+import types as _types
+
+
+class _CallablePackage(_types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        from ..api import lint as _lint
+
+        return _lint(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallablePackage

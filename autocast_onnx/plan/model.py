@@ -66,6 +66,28 @@ class NodePlan:
     def label(self) -> str:
         return self.name or f"<{self.op_type} #{self.id}>"
 
+    def explain(self) -> str:
+        """Which precision this node gets and why, as `autocast-onnx explain` prints it."""
+        graph = "" if self.graph == "main" else f" in {self.graph}"
+        lines = [
+            f"{self.label} ({self.domain + ':' if self.domain else ''}{self.op_type}){graph}, node #{self.id}",
+            f"  category: {self.category}",
+            f"  precision: {self.precision}",
+        ]
+        if self.fp32_inputs or self.fp32_outputs:
+            lines.append(f"  pinned fp32 ports: inputs {self.fp32_inputs}, outputs {self.fp32_outputs}")
+        lines.append("  because:")
+        for reason in self.reasons:
+            value = "" if reason.value is None else f" (measured {reason.value:.4g})"
+            lines.append(
+                f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else "")
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        why = f": {self.reasons[-1].code}" if self.reasons else ""
+        return f"<NodePlan #{self.id} {self.label} ({self.op_type}) {self.precision}{why}>"
+
 
 @dataclass
 class PlanWarning:
@@ -144,6 +166,10 @@ class PrecisionPlan:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, PrecisionPlan) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{p} {n}" for p, n in self.counts().items() if n)
+        return f"PrecisionPlan({self.target}, {len(self.nodes)} nodes: {counts}; {len(self.warnings)} warning(s))"
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(PRECISIONS, 0)
