@@ -502,12 +502,15 @@ def save_model(
     payload: bytes | None = None,
     source_dir: Path | None = None,
     restore: bool = True,
+    spill: PayloadSpill | None = None,
 ) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
     pointing at that file afterwards (no second copy of the weights is held for restoring).
     A FIFO or character device as `out_path` is written in place (never replaced; no external
-    data). Returns the files created (none for a FIFO or device)."""
+    data). `spill` (a PayloadSpill of this output) already holds the converted payloads: the rest
+    is appended to it and it becomes `<name>.data`. Returns the files created (none for a FIFO or
+    device)."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
     in_place = output_kind(out_path) == "stream"
@@ -524,13 +527,24 @@ def save_model(
     moved: list[tuple[onnx.TensorProto, bytes]] = []
     try:
         finals = []
+        if spill is not None and not external_data:
+            raise InternalCheckError("converted payloads were spilled to external data, but the save is in one piece")
         if external_data:
             data_name = out_path.name + ".data"
-            data_tmp = _temp_path(parent, data_name)
+            if spill is not None:
+                data_tmp, offset = spill.path, spill.offset
+                fh = spill.fh
+            else:
+                data_tmp, offset = _temp_path(parent, data_name), 0
+                fh = open(data_tmp, "wb")
             temps.append(data_tmp)
-            offset = 0
-            with open(data_tmp, "wb") as fh:
+            with fh:
                 for tensor in _all_tensors_for_external(model.graph):
+                    if spill is not None and spill.holds(tensor):  # written during the conversion
+                        for entry in tensor.external_data:
+                            if entry.key == "location":
+                                entry.value = data_name
+                        continue
                     if is_external(tensor):
                         # still on disk in the source: copy it across in chunks, never whole
                         if source_dir is None:
@@ -620,6 +634,54 @@ def save_model(
                 tmp.unlink()
         for tensor, original in moved:
             _restore(tensor, original)
+
+
+class PayloadSpill:
+    """The output's external-data file, written while the conversion produces payloads: each
+    converted tensor of EXTERNAL_MIN_BYTES or more goes to disk at once and the tensor points at
+    it, so memory does not grow with the weights. The file is a temporary beside the output
+    (recorded as each tensor's location until save_model renames it), removed by discard() if
+    the conversion fails: the output still appears whole or not at all."""
+
+    def __init__(self, out_path: Path):
+        out_path = Path(out_path)
+        self.out_path = out_path
+        parent = out_path.parent if str(out_path.parent) else Path(".")
+        self.data_name = out_path.name + ".data"
+        self.path = _temp_path(parent, self.data_name)
+        self.fh = open(self.path, "wb")
+        self.offset = 0
+        self.tensors = 0
+
+    def put(self, tensor: onnx.TensorProto, payload: bytes) -> bool:
+        """Write `payload` as `tensor`'s data; False (nothing written) for a small payload."""
+        if len(payload) < EXTERNAL_MIN_BYTES:
+            return False
+        pad = (-self.offset) % 64
+        try:
+            self.fh.write(b"\0" * pad)
+            self.fh.write(payload)
+        except OSError as exc:
+            raise AutocastError(
+                f"cannot write output: {exc.strerror or exc}",
+                str(self.out_path),
+                "check free space and permissions; nothing was written",
+            ) from None
+        self.offset += pad
+        _set_external(tensor, self.path.name, self.offset, len(payload))
+        self.offset += len(payload)
+        self.tensors += 1
+        return True
+
+    def holds(self, tensor: onnx.TensorProto) -> bool:
+        return is_external(tensor) and any(
+            e.key == "location" and e.value == self.path.name for e in tensor.external_data
+        )
+
+    def discard(self) -> None:
+        if not self.fh.closed:
+            self.fh.close()
+        self.path.unlink(missing_ok=True)
 
 
 def _no_source_dir(tensor: onnx.TensorProto) -> AutocastError:

@@ -20,6 +20,7 @@ from .graph import build_index
 from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
     LoadedModel,
+    PayloadSpill,
     check_output_path,
     check_outputs,
     is_stdout,
@@ -236,6 +237,7 @@ def _convert_loaded(
     plan=None,
     loss_scale=None,
     strict=False,
+    spill=None,
 ) -> ConversionResult:
     if plan is not None:
         plan = _replayed_plan(
@@ -314,7 +316,7 @@ def _convert_loaded(
             check_plan_fits(plan, index)
         timings["plan"] = time.perf_counter() - t
         t = time.perf_counter()
-        stats = apply_plan(index, plan)
+        stats = apply_plan(index, plan, spill)
         scaling = None
         if scale is not None and training is not None:
             scaling = unscale_gradients(model, training, scale)
@@ -441,9 +443,21 @@ def convert_file(
         external_data = True if loaded.external_data else (None if big else False)
     # Serialize once for both the check and the file when the model is written in one piece.
     in_memory = not big and not external_data
-    result = _convert_loaded(
-        loaded, check="none" if (big or in_memory) else check, timings=timings, **_api_options(options)
-    )
+    # an external-data output receives the converted weights as they are produced (memory does not
+    # grow with them); the file stays a temporary until save_model renames it
+    spill = None
+    if external_data and output_kind(out_path) != "stream":
+        check_output_path(out_path, in_path)  # the folder exists and is writable before the spill opens there
+        spill = PayloadSpill(out_path)
+    try:
+        result = _convert_loaded(
+            loaded, check="none" if (big or in_memory or spill) else check, timings=timings, spill=spill,
+            **_api_options(options),
+        )  # fmt: skip
+    except BaseException:
+        if spill is not None:
+            spill.discard()
+        raise
     payload = None
     if in_memory:
         t = time.perf_counter()
@@ -452,16 +466,21 @@ def convert_file(
             check_result(payload, full=check == "full")
         timings["check"] = time.perf_counter() - t
     t = time.perf_counter()
-    result.output_files = save_model(
-        result.model,
-        out_path,
-        external_data=external_data,
-        in_path=in_path,
-        payload=payload,
-        source_dir=in_path.parent,
-        restore=not external_data,
-    )
-    if check != "none" and big:
+    try:
+        result.output_files = save_model(
+            result.model,
+            out_path,
+            external_data=external_data,
+            in_path=in_path,
+            payload=payload,
+            source_dir=in_path.parent,
+            restore=not external_data,
+            spill=spill,
+        )
+    finally:
+        if spill is not None and spill.path.exists():  # save failed before renaming it
+            spill.discard()
+    if check != "none" and (big or spill is not None):  # the weights are on disk: check the written files
         check_file(out_path, full=check == "full")
     timings["save"] = time.perf_counter() - t
     if search_log is not None:

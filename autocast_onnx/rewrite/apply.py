@@ -74,7 +74,7 @@ class _Edit:
             self.head.setdefault(value.scope.id, []).append(proto)
 
 
-def apply_plan(index: GraphIndex, plan: PrecisionPlan) -> ApplyStats:
+def apply_plan(index: GraphIndex, plan: PrecisionPlan, spill=None) -> ApplyStats:
     """Edit the indexed model so that every node computes in its planned precision. The plan is
     the only input besides the model: its precisions and port roles say what each tensor's
     producer gives and what each consumer needs. Passes, in order:
@@ -86,14 +86,17 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan) -> ApplyStats:
       4. `_run_conversions`: the initializer payloads, vectorised;
       5. `_retarget_attributes`: Cast.to, dtype attributes and Constant values of retyped nodes;
       6. `_declare_types`: value_info, and the model's inputs/outputs when they change type;
-      7. `write_nodes`: node lists written back in order with the new casts in place."""
+      7. `write_nodes`: node lists written back in order with the new casts in place.
+
+    With `spill` (io.PayloadSpill) the converted payloads go to the output's external-data file
+    as they are produced instead of staying in memory."""
     stats = ApplyStats()
     node_type = [_ELEM_TYPE[p] for p in plan.precisions]
     edit = _Edit(index, plan, node_type, stats, Names(index))
     _output_types(edit)
     _low_precision_inputs(edit)
     _insert_casts(edit)
-    _run_conversions(edit.jobs, stats)
+    _run_conversions(edit.jobs, stats, spill)
     _retarget_attributes(edit)
     _declare_types(edit)
     for scope in index.scopes:
@@ -347,7 +350,7 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> 
     return False
 
 
-def _run_conversions(jobs, stats) -> None:
+def _run_conversions(jobs, stats, spill=None) -> None:
     """Convert initializers. The common case (fp32 to fp16, no clamping) runs vectorised over
     chunks of tensors; the rest one by one. Sources stored as external data are read a chunk at a
     time, so only the converted payloads accumulate in memory."""
@@ -369,7 +372,7 @@ def _run_conversions(jobs, stats) -> None:
             for k in group:
                 n = sizes[k] // 2
                 source, copy, dst, _, _ = fast[k]
-                _store(source, copy, dst, bytes(view[offset : offset + n]), stats, sizes[k])
+                _store(source, copy, dst, bytes(view[offset : offset + n]), stats, sizes[k], spill)
                 offset += n
     for job in jobs:
         if id(job) in fast_ids:
@@ -378,10 +381,10 @@ def _run_conversions(jobs, stats) -> None:
         array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
-        _store(source, copy, dst, raw, stats, array.nbytes)
+        _store(source, copy, dst, raw, stats, array.nbytes, spill)
 
 
-def _store(source, copy, dst, payload, stats, source_bytes) -> None:
+def _store(source, copy, dst, payload, stats, source_bytes, spill=None) -> None:
     if copy is None:
         stats.initializer_bytes_delta += len(payload) - source_bytes
         for fld in ("float_data", "int32_data", "double_data"):
@@ -390,11 +393,13 @@ def _store(source, copy, dst, payload, stats, source_bytes) -> None:
             del source.external_data[:]
             source.data_location = TensorProto.DEFAULT
         source.data_type = dst
-        source.raw_data = payload
+        if spill is None or not spill.put(source, payload):
+            source.raw_data = payload
         stats.initializers_converted += 1
     else:
         copy.data_type = dst
-        copy.raw_data = payload
+        if spill is None or not spill.put(copy, payload):
+            copy.raw_data = payload
         stats.initializer_copies += 1
         stats.initializer_bytes_delta += len(payload)
 
