@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".venv-peers"
 PEER_PACKAGES = ["onnxconverter-common==1.16.0", "onnxruntime==1.32.0", "onnx==1.19.1"]
 TOOLS = ["floor", "autocast-onnx", "onnxconverter-common", "ort-float16"]
+LARGE = 20_000  # nodes: above this, no ONNX Runtime load and no emulated error (minutes each)
 
 # Runs in a fresh process: convert SRC into DST with TOOL, print time and peak RSS as JSON.
 DRIVER = r"""
@@ -171,19 +172,22 @@ def evaluate(src: Path, dst: Path) -> dict:
         out["checker_error"] = " ".join(str(exc).split())[:160]
     converted = onnx.load(str(dst))
     source = onnx.load(str(src))
-    try:
-        runner.session(str(dst), "cpu")
-        out["ort_loads"] = True
-    except Exception as exc:
-        out["ort_loads"] = False
-        out["ort_error"] = " ".join(str(exc).split())[:160]
+    if len(source.graph.node) > LARGE:
+        out["ort_loads"] = None  # ONNX Runtime's graph optimizations take minutes at this size
+    else:
+        try:
+            runner.session(str(dst), "cpu")
+            out["ort_loads"] = True
+        except Exception as exc:
+            out["ort_loads"] = False
+            out["ort_error"] = " ".join(str(exc).split())[:160]
     casts = sum(1 for n in converted.graph.node if n.op_type == "Cast") - sum(
         1 for n in source.graph.node if n.op_type == "Cast"
     )
     out["casts_added"] = casts
     out["fp32_ops_in_fp16"] = fp32_category_ops_in_fp16(converted)
     out["error"] = None
-    if len(source.graph.node) <= 20_000:
+    if len(source.graph.node) <= LARGE:
         try:
             feeds = generate(plan_inputs(describe_inputs(source)), seed=0)
             ref = runner.run(runner.session(str(src), "cpu"), feeds)
@@ -324,6 +328,9 @@ def plot(rows: list[dict], folder: Path) -> None:
     (folder / "peers_casts.svg").write_text(svg_per_model(rows, "casts_added", "casts added", log=False) + "\n")
 
 
+LOADS = {True: "yes", False: "NO", None: "-"}
+
+
 def table(rows: list[dict]) -> str:
     floor = {r["model"]: r for r in rows if r["tool"] == "floor" and r["ok"]}
     lines = [
@@ -343,7 +350,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['model']} | {r['nodes']:,} | {r['tool']} | {r['seconds']:.2f} | {ratio} "
             f"| {r['peak_rss'] / 2**20:.0f} "
-            f"| {'yes' if r['checker'] else 'NO'} | {'yes' if r['ort_loads'] else 'NO'} | {r['fp32_ops_in_fp16']} "
+            f"| {'yes' if r['checker'] else 'NO'} | {LOADS[r['ort_loads']]} | {r['fp32_ops_in_fp16']} "
             f"| {r['casts_added']} | {err} |"
         )
     totals = {}
@@ -351,10 +358,17 @@ def table(rows: list[dict]) -> str:
         if r["tool"] != "floor":
             t = totals.setdefault(r["tool"], {"valid": 0, "models": 0, "violations": 0})
             t["models"] += 1
-            if r["ok"] and r.get("checker") and r.get("ort_loads"):
+            if r["ok"] and r.get("checker") and r.get("ort_loads") is not False:
                 t["valid"] += 1
             t["violations"] += r.get("fp32_ops_in_fp16", 0) if r["ok"] else 0
-    lines += ["", "| tool | valid outputs | fp32-category ops in fp16, all models |", "|---|---:|---:|"]
+    lines += [
+        "",
+        "Valid: the output passes onnx.checker (full) and loads in ONNX Runtime (not tried above "
+        f"{LARGE:,} nodes, marked -).",
+        "",
+        "| tool | valid outputs | fp32-category ops in fp16, all models |",
+        "|---|---:|---:|",
+    ]
     for tool, t in totals.items():
         lines.append(f"| {tool} | {t['valid']}/{t['models']} | {t['violations']} |")
     return "\n".join(lines)

@@ -371,3 +371,11 @@ def test_inputs_missing_an_array_list_what_the_archive_holds(files):
         invoke("validate", RESNET, conv, "--inputs", d / "wrong.npz"),
         "missing input(s) pixel_values; the archive holds images, other",
     )
+
+
+def test_reason_codes_without_building_the_plan_entries_match_the_entries():
+    for name in ("bert_tiny", "gpt2_tiny", "resnet_tiny"):
+        path = ROOT / "examples" / "models" / f"{name}.onnx"
+        fast = autocast_onnx.convert(path).plan.last_reason_codes()  # entries not built yet
+        plan = autocast_onnx.convert(path).plan
+        assert fast == [n.reasons[-1].code if n.reasons else None for n in plan.nodes], name

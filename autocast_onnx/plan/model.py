@@ -132,6 +132,7 @@ class PrecisionPlan:
         self._build: Callable[[], list[NodePlan]] | None = None
         self._fingerprint = fingerprint
         self._fingerprint_of: Callable[[], str] | None = None
+        self._codes_of: Callable[[], list] | None = None
         self.rule_files = list(rule_files)
         self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
@@ -144,12 +145,19 @@ class PrecisionPlan:
         self.roles_in: list[str] = [n.roles_in for n in nodes]
         self.roles_out: list[str] = [n.roles_out for n in nodes]
 
-    def set_lazy_nodes(self, build, precisions, categories, roles_in, roles_out, fingerprint_of) -> None:
+    def set_lazy_nodes(self, build, precisions, categories, roles_in, roles_out, fingerprint_of, codes_of=None) -> None:
         """Painting's fast path: the compact lists now, node entries and fingerprint on demand."""
-        self._nodes, self._build = None, build
+        self._nodes, self._build, self._codes_of = None, build, codes_of
         self.precisions, self.categories = precisions, categories
         self.roles_in, self.roles_out = roles_in, roles_out
         self._fingerprint_of = fingerprint_of
+
+    def last_reason_codes(self) -> list[str | None]:
+        """Per node, the code of the reason that decided its precision (the last of its reasons),
+        without building the node entries when they are not built yet."""
+        if self._nodes is None and self._codes_of is not None:
+            return self._codes_of()
+        return [n.reasons[-1].code if n.reasons else None for n in self.nodes]
 
     @property
     def nodes(self) -> list[NodePlan]:

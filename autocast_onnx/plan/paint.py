@@ -96,6 +96,7 @@ def paint(
         classification.roles_in,
         classification.roles_out,
         lambda: index_fingerprint(index),
+        codes_of=lambda: _last_codes(state),
     )
     _flush_warnings(state, plan)
     return plan
@@ -288,6 +289,36 @@ def _precisions(state: _State) -> list:
             out[i] = Precision.FP32
         elif p == _OPEN:
             out[i] = PRECISION_OF_TYPE.get(_original_type(node, c.roles_in[i], c.roles_out[i]), Precision.UNCHANGED)
+    return out
+
+
+def _last_codes(state: _State) -> list[str | None]:
+    """The code of each node's deciding (last) reason, as _node_plans would end its list, without
+    building the entries and their messages (the summary counts fp32 nodes by it)."""
+    c = state.classification
+    out: list[str | None] = []
+    for node in state.nodes:
+        i = node.id
+        p = state.paint[i]
+        if p == _OPEN:
+            out.append("unchanged")
+            continue
+        cat = c.categories[i]
+        if (
+            (p not in (_LOW, _FP32) or c.frozen[i])
+            and cat not in (Category.NON_FLOAT, Category.CONTROL_FLOW)
+            and not c.frozen[i]
+        ):
+            out.append("no-float")
+            continue
+        why = state.cause[i]
+        if why.__class__ is tuple:
+            out.append(why[0])
+        elif why is not None:
+            out.append(why.code)
+        else:
+            reasons = c.reasons[i]
+            out.append(reasons[-1].code if reasons else None)
     return out
 
 

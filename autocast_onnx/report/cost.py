@@ -133,7 +133,7 @@ def conversion_cost(result) -> dict:
             unknown_macs += 1
             continue
         macs_total += macs
-        if result.plan.nodes[node_id].precision in low:
+        if result.plan.precisions[node_id] in low:  # the compact list: no plan entries built
             macs_low += macs
     return {
         "computed": True,

@@ -72,9 +72,9 @@ def fp32_by_reason(plan) -> dict[str, int]:
     """How many nodes are fp32, by the code of the reason that decided each (its last reason),
     most first: {"op-category": 7, "fp32-taint": 9, ...}."""
     counts: Counter = Counter()
-    for node in plan.nodes:
-        if node.precision == "fp32":
-            counts[node.reasons[-1].code if node.reasons else "unexplained"] += 1
+    for precision, code in zip(plan.precisions, plan.last_reason_codes()):
+        if precision == "fp32":
+            counts[code or "unexplained"] += 1
     return dict(counts.most_common())
 
 
