@@ -704,6 +704,12 @@ def _check_constants(values, target: int, thresholds) -> dict:
     for group in chunked(sizes_in):
         # one chunk of tensors in memory at a time (external data is read here, not before)
         raws = {k: tensor_bytes(owners[k].initializer, owners[k].scope.base_dir) for k in group}
+        if len(group) == 1:  # one large tensor: its verdict is one pass, the screening would be another
+            k = group[0]
+            verdict = _verdict(owners[k], np.frombuffer(raws[k], dtype="<f4"), target, thresholds)
+            if verdict:
+                out[id(owners[k])] = verdict
+            continue
         flat = np.frombuffer(b"".join(raws[k] for k in group), dtype="<f4")
         sizes = np.fromiter((len(raws[k]) // 4 for k in group), dtype=np.int64, count=len(group))
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
@@ -755,9 +761,9 @@ def _verdict(value: Value, data: np.ndarray, target: int, thresholds):
         )
     if flush:
         small = thresholds["small_constant_elements"]
-        tiny = float(np.abs(data[(data != 0)]).min())
         fraction = flush / max(nonzero, 1)
         if data.size <= small:
+            tiny = float(np.abs(data[(data != 0)]).min())
             if flush == nonzero:
                 return (
                     "data-flush",
