@@ -366,7 +366,7 @@ def _run_conversions(jobs, stats, spill=None) -> None:
             raws = [tensor_bytes(fast[k][0], fast[k][4]) for k in group]
             half = to_half(np.frombuffer(b"".join(raws), dtype="<f4"))
             del raws
-            view = memoryview(half.view(np.uint8))
+            view = half.view(np.uint8).data
             offset = 0
             for k in group:
                 n = sizes[k] // 2
@@ -390,18 +390,20 @@ def to_half(flat: np.ndarray) -> np.ndarray:
     """fp32 -> fp16 (IEEE rounding; overflow becomes inf, as astype), on two threads for large
     arrays: numpy releases the GIL while it casts, so the second core halves the time."""
     out = np.empty(flat.size, dtype="<f2")
-    with np.errstate(over="ignore"):
-        if flat.size < PARALLEL_MIN:
-            np.copyto(out, flat, casting="unsafe")
-            return out
-        from concurrent.futures import ThreadPoolExecutor
 
-        mid = flat.size // 2
-        with ThreadPoolExecutor(2) as pool:
-            for job in [
-                pool.submit(np.copyto, out[a:b], flat[a:b], casting="unsafe") for a, b in ((0, mid), (mid, flat.size))
-            ]:
-                job.result()
+    def cast(a: int, b: int) -> None:
+        with np.errstate(over="ignore"):  # numpy's error state is per thread
+            np.copyto(out[a:b], flat[a:b], casting="unsafe")
+
+    if flat.size < PARALLEL_MIN:
+        cast(0, flat.size)
+        return out
+    from concurrent.futures import ThreadPoolExecutor
+
+    mid = flat.size // 2
+    with ThreadPoolExecutor(2) as pool:
+        for job in [pool.submit(cast, 0, mid), pool.submit(cast, mid, flat.size)]:
+            job.result()
     return out
 
 
