@@ -200,3 +200,20 @@ def unknown_op_model(declare_type):
     if declare_type:
         m.graph.value_info.append(tensor("foo_out", F32, [2, 4]))
     return m
+
+
+def cli_process(*args, cwd):
+    """`python -m autocast_onnx ARGS` as a real process from `cwd` (stderr as a user sees it,
+    ONNX Runtime's own logging included), without the debug environment variable."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )

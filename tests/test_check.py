@@ -8,14 +8,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import cli_process as cli_proc
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
@@ -39,17 +38,6 @@ def isolated_cwd(tmp_path, monkeypatch):
 
 def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
-def cli_proc(*args, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
 
 
 def check(*args, report=None):

@@ -31,6 +31,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from helpers import F16, F32, init, model, tensor
+from helpers import cli_process as cli_proc
 from onnx import helper
 
 import autocast_onnx
@@ -125,18 +126,6 @@ def isolated_cwd(tmp_path, monkeypatch):
 def invoke(*args):
     """In process; result.stdout and result.stderr are separate."""
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
-def cli_proc(*args, cwd):
-    """As a process, from `cwd` (configuration discovery starts there)."""
-    env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import jsonschema
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import mlp
+from helpers import cli_process, mlp
 
 import autocast_onnx
 from autocast_onnx import AutocastError
@@ -307,21 +307,6 @@ def test_class_outputs_are_recognised_by_values_and_by_name_and_reported():
 # ---- errors that say which model and what the file holds ---------------------------------------
 
 
-def run_cli(*args, cwd):
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "AUTOCAST_ONNX_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "autocast_onnx", *[str(a) for a in args]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-
-
 def test_runtime_failures_name_the_model_and_come_alone(tmp_path):
     # Reshape to a fixed [2, 8]: run with n=3 rows, ONNX Runtime fails inside the reference model
     from onnx import TensorProto, helper, numpy_helper
@@ -342,7 +327,7 @@ def test_runtime_failures_name_the_model_and_come_alone(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ref)
     conv = tmp_path / "rs16.onnx"
     autocast_onnx.convert_file(ref, conv)
-    proc = run_cli("validate", ref, conv, "--dim", "n=3", "--no-speed", cwd=tmp_path)
+    proc = cli_process("validate", ref, conv, "--dim", "n=3", "--no-speed", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = proc.stderr.splitlines()  # no ONNX Runtime log line before ours
     assert line.startswith(f"autocast-onnx: error: {ref}: ONNX Runtime failed to run the reference model: ")
