@@ -7,6 +7,7 @@ import gc
 import math
 import os
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,7 @@ class ConversionResult:
     training: TrainingGraph | None = None  # what kind of training graph the input was (None: inference)
     loss_scaling: LossScaling | None = None  # what the loss-scaling rewrite added
     # inferred on the input (tensor name -> (elem type, shape)); None over report.cost.LIMIT_NODES
-    shapes: dict | None = field(default=None, repr=False)
+    shapes: Mapping | None = field(default=None, repr=False)
     macs: list | None = field(default=None, repr=False)  # (node id, multiply-accumulates) per MatMul/Gemm/Conv
 
     @property

@@ -9,6 +9,7 @@ inferred."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import onnx
 
@@ -42,36 +43,73 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
-def tensor_shapes(model: onnx.ModelProto) -> dict[str, tuple] | None:
+class TensorShapes(Mapping):
+    """name -> (elem_type, shape tuple or None), read from the inferred graph on first use of
+    each name (a model has many more tensors than the cost line and the head rule look at)."""
+
+    def __init__(self, probe: onnx.ModelProto, named: set):
+        self._named = named
+        self._infos: dict = {}
+        for infos in (probe.graph.input, probe.graph.value_info, probe.graph.output):
+            for vi in infos:
+                self._infos[vi.name] = vi
+        for t in probe.graph.initializer:
+            self._infos[t.name] = t
+        self._cache: dict[str, tuple] = {}
+
+    def __getitem__(self, name: str) -> tuple:
+        got = self._cache.get(name)
+        if got is None:
+            got = self._cache[name] = self._read(self._infos[name])
+        return got
+
+    def _read(self, item) -> tuple:
+        if isinstance(item, onnx.TensorProto):
+            return item.data_type, tuple(item.dims)
+        if not item.type.HasField("tensor_type"):
+            return None, None
+        tt = item.type.tensor_type
+        dims = list(tt.shape.dim) if tt.HasField("shape") else []
+        known = tt.HasField("shape") and all(d.HasField("dim_value") or d.dim_param in self._named for d in dims)
+        return tt.elem_type, (tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims) if known else None)
+
+    def __iter__(self):
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+def tensor_shapes(model: onnx.ModelProto) -> TensorShapes | None:
     """name -> (elem_type, shape tuple or None) for the tensors of the main graph, from ONNX shape
-    inference on a weightless copy; the model's own dimension names count as 1. None for a graph
-    over LIMIT_NODES nodes.
+    inference on a weightless copy (with data propagation when shapes are computed: Shape or Size
+    ops); the model's own dimension names count as 1. None for a graph over LIMIT_NODES nodes.
 
         x: float[batch, 8] -> MatMul(x, W[8, 4]) -> y   gives   {"x": (1, (1, 8)), "y": (1, (1, 4)), ...}"""
     if len(model.graph.node) > LIMIT_NODES:
         return None
     probe = _without_weights(model)
+    computed = any(n.op_type in ("Shape", "Size") for g in _graphs(model.graph) for n in g.node)
     try:
-        probe = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+        probe = onnx.shape_inference.infer_shapes(probe, data_prop=computed)
     except Exception:  # inference is best effort: unknown shapes are reported as unknown
         pass
-    out: dict[str, tuple] = {}
     # the model's own dimension names (batch, sequence) count as 1; names inference makes up for
     # dimensions it could not work out (unk__0, ...) leave the shape unknown
     named = {d.dim_param for vi in list(model.graph.input) + list(model.graph.output)
              for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}  # fmt: skip
-    for t in probe.graph.initializer:
-        out[t.name] = (t.data_type, tuple(t.dims))
-    for infos in (probe.graph.input, probe.graph.value_info, probe.graph.output):
-        for vi in infos:
-            if not vi.type.HasField("tensor_type"):
-                continue
-            tt = vi.type.tensor_type
-            dims = list(tt.shape.dim) if tt.HasField("shape") else []
-            known = tt.HasField("shape") and all(d.HasField("dim_value") or d.dim_param in named for d in dims)
-            shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims) if known else None
-            out[vi.name] = (tt.elem_type, shape)
-    return out
+    return TensorShapes(probe, named)
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
 
 
 def _macs(node, shapes) -> int | None:
@@ -100,7 +138,7 @@ def _macs(node, shapes) -> int | None:
     return None
 
 
-def node_macs(model: onnx.ModelProto, shapes: dict[str, tuple]) -> list[int | None]:
+def node_macs(model: onnx.ModelProto, shapes: Mapping[str, tuple]) -> list[int | None]:
     """Multiply-accumulates of each MatMul/Gemm/Conv/ConvTranspose of the main graph, in graph
     order (None where a shape is unknown).
 
