@@ -71,3 +71,31 @@ def test_unknown_shapes_are_reported_not_guessed():
     cost = conversion_cost(autocast_onnx.convert(m))
     assert cost["mac_nodes_unknown_shape"] == 1 and cost["macs"] == 0
     assert "shapes unknown for" in conversion_summary(autocast_onnx.convert(m))
+
+
+def test_shapes_computed_through_shape_ops_are_followed():
+    # the MatMul's input shape is known only by propagating Shape's value into Reshape
+    import onnx
+
+    from autocast_onnx.report.cost import node_macs, tensor_shapes
+
+    m = parse(
+        """
+        reshaped (float[4,16] x) => (float[4,8] y) {
+            s = Shape(x)
+            rows = Gather<axis=0>(s, zero)
+            t = Concat<axis=0>(rows, minus_one)
+            r = Reshape(x, t)
+            y = MatMul(r, w)
+        }""",
+        w=randn([16, 8]),
+        zero=np.array([0], np.int64),
+        minus_one=np.array([-1], np.int64),
+    )
+    shapes = tensor_shapes(m)
+    assert shapes["r"] == (1, (4, 16))
+    assert node_macs(m, shapes) == [4 * 16 * 8]
+    # without data propagation inference cannot say: the check is not vacuous
+    plain = onnx.shape_inference.infer_shapes(m)
+    r = next(vi for vi in plain.graph.value_info if vi.name == "r")
+    assert not all(d.HasField("dim_value") for d in r.type.tensor_type.shape.dim)
