@@ -53,9 +53,9 @@ def convert(
     from .validate.core import ValidateOptions
 
     if calibration_data is None and target is None:
-        for name, value, default in (("inputs", inputs, None), ("dims", dims, None), ("ranges", ranges, None)):
-            if value != default:
-                raise AutocastError(f"{name}= has no effect without target=", None, "add target= or drop it")
+        given = [name for name, value in (("inputs", inputs), ("dims", dims), ("ranges", ranges)) if value]
+        if given:
+            raise AutocastError(f"{given[0]}= has no effect without target=", None, "add target= or drop it")
         return _convert(model, **options)
     planning = {k: options[k] for k in ("precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes",
                                         "include_nodes", "strict") if k in options}  # fmt: skip
@@ -293,18 +293,10 @@ def explain(model, node: str | None = None, *, op: str | None = None, calibratio
     if node is None and op is None:
         raise AutocastError("say which node: node= (a name, regex or #ID) or op=", None, "pass one")
     result = convert(model, check="none", calibration_data=calibration_data, **options)
-    entries = list(result.plan.nodes)
-    if op is not None:
-        domain, _, op_type = op.rpartition(":")
-        entries = [e for e in entries if e.op_type == op_type and (not domain or e.domain == domain)]
-    if node is not None:
-        if node.startswith("#") and node[1:].isdigit():
-            entries = [e for e in entries if e.id == int(node[1:])]
-        elif any(e.name == node for e in entries) or not re.search(r"[.*+?\[\](){}|^$\\]", node):
-            entries = [e for e in entries if e.name == node]
-        else:
-            pattern = re.compile(node)
-            entries = [e for e in entries if e.name and pattern.search(e.name)]
+    try:
+        entries = result.plan.find(node, op)
+    except re.error as exc:
+        raise AutocastError(f"bad regex {node!r}: {exc}", None, "fix the pattern") from None
     if not entries:
         what = " and ".join(x for x in (f"node {node!r}" if node else "", f"op {op!r}" if op else "") if x)
         raise AutocastError(f"no node matches {what}", None, "check the name; result.plan.nodes lists them")

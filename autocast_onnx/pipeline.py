@@ -33,7 +33,7 @@ from .io import (
 from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .plan.classify import UNMATCHED
-from .report.cost import MAC_OPS, node_macs, tensor_shapes
+from .report.cost import MAC_OPS, macs_of, tensor_shapes
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
 from .rewrite.loss_scale import (
@@ -290,7 +290,7 @@ def _convert_loaded(
         t = time.perf_counter()
         shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
         compute = [n for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
-        work = list(zip((n.id for n in compute), node_macs(model, shapes))) if shapes is not None else None
+        work = [(n.id, macs_of(n.proto, shapes)) for n in compute] if shapes is not None else None
         if plan is None:
             head = training is None or not training.has_backward
             macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None

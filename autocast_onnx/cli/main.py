@@ -1145,42 +1145,29 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
     import re
 
     from ..pipeline import convert, plan_on_data
+    from ..plan.model import looks_like_regex
 
-    def select(nodes) -> list:
-        if op_type is not None:
-            domain, _, op = op_type.rpartition(":")
-            nodes = [e for e in nodes if e.op_type == op and (not domain or e.domain == domain)]
-            if not nodes:
-                raise AutocastError(
-                    f"no node has op type {op_type!r}",
-                    str(model),
-                    "check the op type; --plan-out of convert lists the nodes",
-                )
-            if node is None:
-                return nodes
-        exact = [e for e in nodes if e.name == node]
-        if exact:
-            return exact
+    def select(plan) -> list:
+        if op_type is not None and not plan.find(op=op_type):
+            raise AutocastError(
+                f"no node has op type {op_type!r}",
+                str(model),
+                "check the op type; --plan-out of convert lists the nodes",
+            )
+        try:
+            found = plan.find(node, op_type)
+        except re.error as exc:
+            raise AutocastError(f"bad regex {node!r}: {exc}", str(model), "fix the pattern") from None
+        if found:
+            return found
         if node.startswith("#") and node[1:].isdigit():
-            by_id = [e for e in nodes if e.id == int(node[1:])]
-            if not by_id:
-                raise AutocastError(f"no node {node}", str(model), f"ids run from #0 to #{len(nodes) - 1}")
-            return by_id
-        # a NODE with regex characters is a pattern; a plain name is a name (a typo gets suggestions)
-        if re.search(r"[.*+?\[\](){}|^$\\]", node):
-            try:
-                pattern = re.compile(node)
-            except re.error as exc:
-                raise AutocastError(f"bad regex {node!r}: {exc}", str(model), "fix the pattern") from None
-            matched = [e for e in nodes if e.name and pattern.search(e.name)]
-            if matched:
-                return matched
+            raise AutocastError(f"no node {node}", str(model), f"ids run from #0 to #{len(plan.nodes) - 1}")
         import difflib
 
-        names = [e.name for e in nodes if e.name]
+        names = [e.name for e in plan.find(op=op_type) if e.name]
         close = difflib.get_close_matches(node, names, n=3, cutoff=0.5)
         raise AutocastError(
-            ("no node matches" if re.search(r"[.*+?\[\](){}|^$\\]", node) else "no node named")
+            ("no node matches" if looks_like_regex(node) else "no node named")
             + f" {node!r}"
             + (f" among the {op_type} nodes" if op_type else ""),
             str(model),
@@ -1196,7 +1183,7 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
         plan = _plan_from(settings, kw)
         measured = plan_on_data(model, plan, calibration_data=calibration_data)
         result = convert(model, check="none", calibration=measured.calibration, **plan.convert_kwargs())
-        entries = select(result.plan.nodes)
+        entries = select(result.plan)
         if len(entries) > 1:
             click.echo(f"{len(entries)} nodes match")
         for entry in entries:

@@ -114,7 +114,7 @@ def classify(
     `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it).
     With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
     graphs), the output heads that hold a small share of the `macs` (first output of each
-    MatMul/Gemm/Conv/ConvTranspose -> multiply-accumulates, from report.cost.node_macs) are
+    MatMul/Gemm/Conv/ConvTranspose -> multiply-accumulates, from report.cost.macs_of) are
     seeded DENY before pass 3, which may override them."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))

@@ -21,6 +21,7 @@ Of a node entry, replay reads `precision` (which a user may edit) and checks `id
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,6 +97,14 @@ class PlanWarning:
     code: str
     message: str
     node: str | None = None
+
+
+REGEX_CHARS = re.compile(r"[.*+?\[\](){}|^$\\]")
+
+
+def looks_like_regex(text: str) -> bool:
+    """Whether a node selector is meant as a pattern: it holds regex characters (. * [ ^ ...)."""
+    return REGEX_CHARS.search(text) is not None
 
 
 def vocabulary() -> dict:
@@ -187,6 +196,26 @@ class PrecisionPlan:
 
     def by_name(self, name: str) -> list[NodePlan]:
         return [n for n in self.nodes if n.name == name]
+
+    def find(self, node: str | None = None, op: str | None = None) -> list[NodePlan]:
+        r"""The entries `explain` shows: of op type `op` (OpType or domain:OpType) when given, then
+        those `node` names - an exact name, "#ID", or a regex (re.search) when it has regex
+        characters and names no node exactly. Raises re.error for a bad regex.
+
+            find("/Where") -> the node named /Where;  find(r"layer\.1/.*Softmax");  find(op="Softmax")"""
+        entries = self.nodes
+        if op is not None:
+            domain, _, op_type = op.rpartition(":")
+            entries = [e for e in entries if e.op_type == op_type and (not domain or e.domain == domain)]
+        if node is None:
+            return entries
+        if node.startswith("#") and node[1:].isdigit():
+            return [e for e in entries if e.id == int(node[1:])]
+        exact = [e for e in entries if e.name == node]
+        if exact or not looks_like_regex(node):
+            return exact
+        pattern = re.compile(node)
+        return [e for e in entries if e.name and pattern.search(e.name)]
 
     def to_dict(self) -> dict:
         return {

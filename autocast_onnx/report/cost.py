@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import onnx
 
 from ..dtypes import ITEMSIZE
+from ..io import all_graphs
 
 LIMIT_NODES = 20_000  # above this, shape inference would cost as much as the conversion
 MAC_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
@@ -89,7 +90,7 @@ def tensor_shapes(model: onnx.ModelProto) -> TensorShapes | None:
     if len(model.graph.node) > LIMIT_NODES:
         return None
     probe = _without_weights(model)
-    computed = any(n.op_type in ("Shape", "Size") for g in _graphs(model.graph) for n in g.node)
+    computed = any(n.op_type in ("Shape", "Size") for g in all_graphs(model.graph) for n in g.node)
     try:
         probe = onnx.shape_inference.infer_shapes(probe, data_prop=computed)
     except Exception:  # inference is best effort: unknown shapes are reported as unknown
@@ -101,18 +102,9 @@ def tensor_shapes(model: onnx.ModelProto) -> TensorShapes | None:
     return TensorShapes(probe, named)
 
 
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
+def macs_of(node: onnx.NodeProto, shapes: Mapping[str, tuple]) -> int | None:
+    """Multiply-accumulates of one MatMul/Gemm/Conv/ConvTranspose node, None where a shape is unknown."""
 
-
-def _macs(node, shapes) -> int | None:
     def shape(i):
         if i >= len(node.input) or not node.input[i]:
             return None
@@ -143,7 +135,7 @@ def node_macs(model: onnx.ModelProto, shapes: Mapping[str, tuple]) -> list[int |
     order (None where a shape is unknown).
 
         MatMul [1, 8, 64] x [64, 32] -> 16384"""
-    return [_macs(n, shapes) for n in model.graph.node if n.op_type in MAC_OPS and n.output]
+    return [macs_of(n, shapes) for n in model.graph.node if n.op_type in MAC_OPS and n.output]
 
 
 def conversion_cost(result) -> dict:
