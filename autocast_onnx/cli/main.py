@@ -1092,15 +1092,14 @@ def rules_cmd(codes, fmt) -> None:
     def body(written):
         checks = list(load_checks())
         if codes:
-            try:
-                checks = selected(checks, codes, ())
-            except AutocastError:
-                unknown = [c for c in codes if not selected_any(checks, c)]
+            unknown = [c for c in codes if not selected_any(checks, c)]
+            if unknown:
                 raise AutocastError(
                     f"no check has the code or name {', '.join(repr(c) for c in unknown)}",
                     "rules",
                     "`autocast-onnx rules` lists them all",
-                ) from None
+                )
+            checks = selected(checks, codes, ())
         if fmt == "markdown":
             click.echo(rules_markdown(checks if codes else None), nl=False)
         elif fmt == "json":
