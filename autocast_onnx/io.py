@@ -503,14 +503,16 @@ def save_model(
     source_dir: Path | None = None,
     restore: bool = True,
     spill: PayloadSpill | None = None,
+    find_external: bool = True,
 ) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
     pointing at that file afterwards (no second copy of the weights is held for restoring).
     A FIFO or character device as `out_path` is written in place (never replaced; no external
     data). `spill` (a PayloadSpill of this output) already holds the converted payloads: the rest
-    is appended to it and it becomes `<name>.data`. Returns the files created (none for a FIFO or
-    device)."""
+    is appended to it and it becomes `<name>.data`. `find_external=False` says that no tensor of
+    the model is stored as external data (a save in one piece then skips looking for them: a walk
+    over every node). Returns the files created (none for a FIFO or device)."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
     in_place = output_kind(out_path) == "stream"
@@ -589,7 +591,7 @@ def save_model(
                 fh.flush()
                 os.fsync(fh.fileno())
             finals.append((data_tmp, parent / data_name))
-        if not external_data:
+        if not external_data and find_external:
             for tensor in _all_tensors_for_external(model.graph):
                 if is_external(tensor):
                     if source_dir is None:

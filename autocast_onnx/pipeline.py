@@ -70,6 +70,9 @@ class ConversionResult:
     # inferred on the input (tensor name -> (elem type, shape)); None over report.cost.LIMIT_NODES
     shapes: Mapping | None = field(default=None, repr=False)
     macs: list | None = field(default=None, repr=False)  # (node id, multiply-accumulates) per MatMul/Gemm/Conv
+    # whether the input had initializers stored as external data (any graph): a save in one
+    # piece has to find and inline those it did not convert; without any it skips the search
+    external_tensors: bool = field(default=True, repr=False)
 
     @property
     def casts_added(self) -> int:
@@ -91,13 +94,18 @@ class ConversionResult:
 @contextmanager
 def _no_gc():
     """The index creates ~3 objects per node; the cyclic collector rescanning them all on every
-    generation-0 threshold would make indexing quadratic-looking on large graphs."""
+    generation-0 threshold would make indexing quadratic-looking on large graphs. Disabling it
+    does not stop them piling up in the youngest generation, whose first collection after
+    re-enabling would then traverse all of them (0.2 s at 100k nodes): freezing and unfreezing
+    moves them to the oldest generation without a scan (collected later, as any long-lived data)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
@@ -288,6 +296,9 @@ def _convert_loaded(
         constant_bytes_before = _constant_bytes(constants)
         timings["index"] = time.perf_counter() - t
         t = time.perf_counter()
+        # fp16 payloads converted once, by the data rules' screen, for the rewrite to store; only
+        # when the converted weights stay in memory anyway (no spill to an external-data file)
+        payloads: dict | None = {} if spill is None and target is Precision.FP16 else None
         shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
         compute = [n for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
         work = [(n.id, macs_of(n.proto, shapes)) for n in compute] if shapes is not None else None
@@ -305,6 +316,7 @@ def _convert_loaded(
                 force_fp32=force_fp32,
                 output_head=head,
                 macs=macs,
+                payloads=payloads,
             )
             unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
             if strict and unmatched:
@@ -317,7 +329,8 @@ def _convert_loaded(
             check_plan_fits(plan, index)
         timings["plan"] = time.perf_counter() - t
         t = time.perf_counter()
-        stats = apply_plan(index, plan, spill)
+        stats = apply_plan(index, plan, spill, payloads)
+        payloads = None
         scaling = None
         if scale is not None and training is not None:
             scaling = unscale_gradients(model, training, scale)
@@ -347,6 +360,7 @@ def _convert_loaded(
         loss_scaling=scaling,
         shapes=shapes,
         macs=work,
+        external_tensors=index.external_tensors,
     )
 
 
@@ -477,6 +491,7 @@ def convert_file(
             source_dir=in_path.parent,
             restore=not external_data,
             spill=spill,
+            find_external=result.external_tensors,
         )
     finally:
         if spill is not None and spill.path.exists():  # save failed before renaming it

@@ -6,13 +6,23 @@ For each size it writes a model to a temporary folder, then times, side by side 
     with the default --check basic and with --check full (adds ONNX shape/type inference).
 It prints a table of seconds and the ratio convert / baseline, best of --repeat runs.
 
-    python benchmarks/bench_convert.py [--sizes 1000 10000 100000] [--repeat 3]
+With --process each run is a whole process instead, as a user meets them: `python -c "onnx.save(
+onnx.load(IN), OUT)"` (the floor) against `autocast-onnx convert IN -o OUT -q` (the CLI, default
+--check basic), run alternately --repeat times; it prints the medians of wall time and of peak
+resident memory (VmHWM) with their ratios. PYTHONPATH pointing at another checkout measures that
+version of autocast-onnx.
+
+    python benchmarks/bench_convert.py [--sizes 1000 10000 100000] [--repeat 3] [--hidden 16]
+    python benchmarks/bench_convert.py --process --sizes 100000 300000 --hidden 48 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -82,6 +92,63 @@ def best_of(repeat, fn):
     return min(times)
 
 
+# Runs in a fresh process: the floor or the CLI's console entry on SRC -> DST; prints seconds
+# from before the imports and VmHWM, the peak RSS of this address space, as it exits.
+CHILD = r"""
+import sys, time
+start = time.perf_counter()
+mode, src, dst = sys.argv[1:4]
+def report(code=0):
+    hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(time.perf_counter() - start, hwm, flush=True)
+    if mode != "floor":
+        hard_exit(code)
+if mode == "floor":  # exits as any script does
+    import onnx
+    onnx.save(onnx.load(src), dst)
+    report()
+else:
+    import os
+    hard_exit, os._exit = os._exit, report  # the console entry ends with os._exit: report first
+    from autocast_onnx.cli.main import run
+    sys.argv = ["autocast-onnx", "convert", src, "-o", dst, "-q"]
+    run()
+"""
+
+
+def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int]:
+    """Wall time (interpreter start and exit included) and peak RSS of one child process."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(dst)], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode:
+        raise SystemExit(f"{mode} failed on {src}:\n{out.stderr}")
+    return wall, int(out.stdout.split()[1])
+
+
+def main_process(args, tmp: Path) -> None:
+    print(f"whole processes, hidden size {args.hidden}, medians of {args.repeat} alternating runs")
+    print(
+        f"{'nodes':>8} {'MB':>6} {'floor s':>8} {'convert s':>10} {'ratio':>6} "
+        f"{'floor MiB':>10} {'convert MiB':>12} {'ratio':>6}"
+    )
+    for size in args.sizes:
+        src = tmp / f"synthetic_{size}.onnx"
+        onnx.save(synthetic_model(size, hidden=args.hidden), src)
+        floor, conv = [], []
+        for _ in range(args.repeat):
+            floor.append(run_process("floor", src, tmp / "copy.onnx"))
+            conv.append(run_process("convert", src, tmp / "out.onnx"))
+        ft, fm = statistics.median(t for t, _ in floor), statistics.median(m for _, m in floor)
+        ct, cm = statistics.median(t for t, _ in conv), statistics.median(m for _, m in conv)
+        print(
+            f"{len(onnx.load(src, load_external_data=False).graph.node):>8} {src.stat().st_size / 1e6:>6.0f} "
+            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f}",
+            flush=True,
+        )
+        src.unlink()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
@@ -89,10 +156,14 @@ def main() -> None:
     ap.add_argument(
         "--hidden", type=int, default=16, help="width of the square weight matrices (16: 1 KiB per weight; 64: 16 KiB)"
     )
+    ap.add_argument("--process", action="store_true", help="whole processes: the floor against the CLI")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if args.process:
+            main_process(args, tmp)
+            return
         for size in args.sizes:
             src = tmp / f"synthetic_{size}.onnx"
             onnx.save(synthetic_model(size, hidden=args.hidden), src)

@@ -139,6 +139,7 @@ class GraphIndex:
         self.model = model
         self.where = where
         self.base_dir = base_dir
+        self.external_tensors = False  # any initializer of any graph stored as external data
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         self.scopes: list[Scope] = []
         self._output_rules: dict = {}
@@ -174,6 +175,7 @@ class GraphIndex:
             scope.inputs.append(value)
         for init in graph.initializer:
             if init.data_location == TensorProto.EXTERNAL:
+                self.external_tensors = True
                 if self.base_dir is None:
                     raise AutocastError(
                         f"initializer '{init.name}' uses external data but the model has no folder",

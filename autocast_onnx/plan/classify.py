@@ -12,7 +12,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
-from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, Value, signatures
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
@@ -101,6 +101,7 @@ def classify(
     force_fp32=None,
     output_head: bool = True,
     macs: dict[str, int | None] | None = None,
+    payloads: dict | None = None,
 ) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
@@ -115,7 +116,12 @@ def classify(
     With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
     graphs), the output heads that hold a small share of the `macs` (first output of each
     MatMul/Gemm/Conv/ConvTranspose -> multiply-accumulates, from report.cost.macs_of) are
-    seeded DENY before pass 3, which may override them."""
+    seeded DENY before pass 3, which may override them.
+
+    `payloads` (a dict, fp16 targets): the data rules screen fp32 initializers by converting them,
+    and leave the fp16 bytes there (id(TensorProto) -> memoryview) for the rewrite to store
+    instead of converting again. Only for models held in memory: it keeps the converted weights
+    until the rewrite takes them."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))
     _assign_categories(index, rules, result)
@@ -125,7 +131,7 @@ def classify(
     _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
-    pending = _apply_data_rules(planned, target, rules.thresholds, result)
+    pending = _apply_data_rules(planned, target, rules.thresholds, result, payloads)
     _propagate_range_through_clear_ops(result, pending, index, target, rules.thresholds)
     return result
 
@@ -166,6 +172,8 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     if target_type is None:
         raise InternalCheckError(f"classify: target {target} has no element type")
     templates: dict = {}
+    # (op, category, input types, output types) -> the roles: graphs repeat a few signatures
+    by_signature: dict = {}
     planned = []
     categories, seeds, reasons = result.categories, result.seeds, result.reasons
     for node in index.nodes:
@@ -173,49 +181,25 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
         cat = categories[nid]
         domain = "" if node.domain == "ai.onnx" else node.domain
         op = node.op
-        key = (domain, op, len(node.inputs), len(node.outputs))
-        tmpl = templates.get(key)
-        if tmpl is None:
-            tmpl = templates[key] = _template(
-                index, rules, domain, op, len(node.inputs), len(node.outputs), target_type
-            )
-        t_in, t_out, pins_in, pins_out = tmpl
-        control = cat == _CONTROL
+        ins, outs = node.inputs, node.outputs
+        signature = (
+            domain,
+            op,
+            cat,
+            tuple([_ABSENT if v is None else v.dtype for v in ins]),
+            tuple([_ABSENT if v is None else v.dtype for v in outs]),
+        )
+        known = by_signature.get(signature)
+        if known is None:
+            key = (domain, op, len(ins), len(outs))
+            tmpl = templates.get(key)
+            if tmpl is None:
+                tmpl = templates[key] = _template(index, rules, domain, op, len(ins), len(outs), target_type)
+            known = by_signature[signature] = (*_roles_of(tmpl, cat, op == "Cast" and domain == "", signature), tmpl)
+        ri, ro, unknown, (t_in, t_out, pins_in, pins_out) = known
+        result.roles_in[nid] = ri
+        result.roles_out[nid] = ro
         unplanned = cat in _UNPLANNED
-        roles_in = []
-        unknown = False
-        for i, value in enumerate(node.inputs):
-            if value is None:
-                roles_in.append(_NONE)
-                continue
-            dt = value.dtype
-            if dt in MIXABLE:
-                roles_in.append(_OWN if control else t_in[i])
-            elif dt is None and t_in[i] == _FOLLOW and not unplanned:
-                roles_in.append(_UNKNOWN)
-                unknown = True
-            else:
-                roles_in.append(_NONE)
-        roles_out = []
-        is_cast = op == "Cast" and domain == ""
-        for i, value in enumerate(node.outputs):
-            if value is None:
-                roles_out.append(_NONE)
-                continue
-            dt = value.dtype
-            if is_cast:
-                # Only an fp32 cast is the author's "back to float" and may be retargeted; an explicit
-                # cast to fp16/bf16 is a deliberate rounding and keeps its type.
-                roles_out.append(_FOLLOW if dt == FLOAT else (_OWN if dt in MIXABLE else _NONE))
-            elif dt in MIXABLE:
-                roles_out.append(_OWN if control else t_out[i])
-            elif dt is None and t_out[i] == _FOLLOW and not unplanned:
-                roles_out.append(_UNKNOWN)
-                unknown = True
-            else:
-                roles_out.append(_NONE)
-        ri = result.roles_in[nid] = "".join(roles_in)
-        ro = result.roles_out[nid] = "".join(roles_out)
         result.pins_in[nid] = pins_in
         result.pins_out[nid] = pins_out
         if unknown:
@@ -254,6 +238,45 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     if log.isEnabledFor(logging.DEBUG):
         log.debug("classify pass 2 (port roles): %d nodes planned, %d frozen", len(planned), sum(result.frozen))
     return planned
+
+
+_ABSENT = -2  # an optional port left empty (a tensor of unknown type has dtype None)
+
+
+def _roles_of(template, cat: str, is_cast: bool, signature: tuple) -> tuple[str, str, bool]:
+    """The PortRole codes of a node's inputs and outputs from its op's template, its category and
+    its tensors' types (signature[3], signature[4]), and whether a float port has an unknown type."""
+    t_in, t_out = template[0], template[1]
+    control = cat == _CONTROL
+    unplanned = cat in _UNPLANNED
+    unknown = False
+    roles_in = []
+    for i, dt in enumerate(signature[3]):
+        if dt == _ABSENT:
+            roles_in.append(_NONE)
+        elif dt in MIXABLE:
+            roles_in.append(_OWN if control else t_in[i])
+        elif dt is None and t_in[i] == _FOLLOW and not unplanned:
+            roles_in.append(_UNKNOWN)
+            unknown = True
+        else:
+            roles_in.append(_NONE)
+    roles_out = []
+    for i, dt in enumerate(signature[4]):
+        if dt == _ABSENT:
+            roles_out.append(_NONE)
+        elif is_cast:
+            # Only an fp32 cast is the author's "back to float" and may be retargeted; an explicit
+            # cast to fp16/bf16 is a deliberate rounding and keeps its type.
+            roles_out.append(_FOLLOW if dt == FLOAT else (_OWN if dt in MIXABLE else _NONE))
+        elif dt in MIXABLE:
+            roles_out.append(_OWN if control else t_out[i])
+        elif dt is None and t_out[i] == _FOLLOW and not unplanned:
+            roles_out.append(_UNKNOWN)
+            unknown = True
+        else:
+            roles_out.append(_NONE)
+    return "".join(roles_in), "".join(roles_out), unknown
 
 
 UNMATCHED = "unmatched-selector"  # warning code: a node rule, pattern or --exclude-op that matched nothing
@@ -418,7 +441,7 @@ def _apply_calibration(index, planned, ranges, target: Precision, thresholds, re
     log.debug("classify pass 4 (calibration): %d nodes kept fp32 by measured ranges", count)
 
 
-def _apply_data_rules(planned, target: Precision, thresholds, result: Classification) -> list:
+def _apply_data_rules(planned, target: Precision, thresholds, result: Classification, payloads=None) -> list:
     """Pass 5: constants a node would convert (fp32 initializers and Constant outputs at a FOLLOW
     port) go through the data rules in one vectorised batch. Returns the (node, value) pairs
     checked, for the propagation through clear ops.
@@ -444,7 +467,7 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
     target_type = target.elem_type
     if target_type is None:
         raise InternalCheckError(f"classify: target {target} has no element type")
-    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds)
+    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds, payloads)
     count = 0
     for node, value in pending:
         verdict = verdicts.get(id(value))
@@ -681,9 +704,13 @@ def constant_array(value: Value):
     return None
 
 
-def _check_constants(values, target: int, thresholds) -> dict:
+def _check_constants(values, target: int, thresholds, payloads: dict | None = None) -> dict:
     """Data-rule verdicts for fp32 constants, keyed by id(value); values that pass are absent.
-    Initializers stored as raw bytes are checked in one vectorised pass over all of them."""
+    Initializers stored as raw bytes are screened in one vectorised pass over all of them, and
+    only the suspicious ones get the exact verdict. With `payloads` (fp16 target) the screen is
+    the conversion itself: a tensor is suspicious when some value became inf or NaN (overflow,
+    or was not finite) or became zero from nonzero (flush), and its fp16 bytes are kept in
+    `payloads` under id(TensorProto) for the rewrite."""
     out = {}
     sizes_in, owners = [], []
     for value in values:
@@ -712,6 +739,16 @@ def _check_constants(values, target: int, thresholds) -> dict:
             continue
         flat = np.frombuffer(b"".join(raws[k] for k in group), dtype="<f4")
         sizes = np.fromiter((len(raws[k]) // 4 for k in group), dtype=np.int64, count=len(group))
+        if payloads is not None and target == FLOAT16:
+            del raws
+            for k in _screen_by_conversion(flat, sizes, group, owners, payloads):
+                value = owners[k]
+                tensor = value.initializer
+                verdict = _verdict(value, np.frombuffer(tensor_bytes(tensor, value.scope.base_dir), dtype="<f4"),
+                                   target, thresholds)  # fmt: skip
+                if verdict:
+                    out[id(value)] = verdict
+            continue
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         keep = sizes > 0
         mag = np.abs(flat)
@@ -728,6 +765,27 @@ def _check_constants(values, target: int, thresholds) -> dict:
             if verdict:
                 out[id(value)] = verdict
     return out
+
+
+def _screen_by_conversion(flat: np.ndarray, sizes: np.ndarray, group: list, owners: list, payloads: dict) -> list:
+    """Convert one chunk of fp32 tensors (concatenated in `flat`, `sizes` elements each) to fp16,
+    store each tensor's fp16 bytes in `payloads`, and return the positions (in `group`) of the
+    tensors whose conversion lost range: a value now inf or NaN, or now zero where it was not."""
+    half = to_half(flat)
+    view = half.view(np.uint8).data
+    ends = np.cumsum(sizes)
+    offset = 0
+    for k, n in zip(group, sizes.tolist()):
+        payloads[id(owners[k].initializer)] = view[2 * offset : 2 * (offset + n)]
+        offset += n
+    bits = half.view(np.uint16) & np.uint16(0x7FFF)
+    bits -= np.uint16(1)  # zero wraps to 0xFFFF: one comparison finds zero, inf and NaN
+    lost = np.flatnonzero(bits >= np.uint16(0x7BFF))
+    del bits
+    if lost.size:
+        zero = half.view(np.uint16)[lost] & np.uint16(0x7FFF) == 0
+        lost = lost[~zero | (flat[lost] != 0)]  # an exact zero stays exact
+    return [group[j] for j in np.unique(np.searchsorted(ends, lost, side="right")).tolist()]
 
 
 CHUNK_BYTES = 64 * 2**20

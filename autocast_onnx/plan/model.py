@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,8 +191,7 @@ class PrecisionPlan:
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(PRECISIONS, 0)
-        for precision in self.precisions:
-            out[precision] += 1
+        out.update(Counter(self.precisions))
         return out
 
     def by_name(self, name: str) -> list[NodePlan]:

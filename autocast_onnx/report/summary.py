@@ -21,8 +21,8 @@ def _mb(n: int) -> str:
 def summary_dict(result) -> dict:
     plan = result.plan
     by_cat: dict[str, Counter] = {}
-    for category, precision in zip(plan.categories, plan.precisions):
-        by_cat.setdefault(category, Counter())[precision] += 1
+    for (category, precision), count in Counter(zip(plan.categories, plan.precisions)).items():
+        by_cat.setdefault(category, Counter())[precision] = count
     return {
         "target": plan.target,
         "keep_io_types": plan.keep_io_types,

@@ -17,7 +17,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, bf16_bits_to_float, dtype_name, float_to_bf16_bits
+from ..dtypes import (
+    BFLOAT16,
+    FLOAT,
+    FLOAT16,
+    MIXABLE,
+    PARALLEL_MIN,  # noqa: F401  (re-exported: tests and the benchmark read it here)
+    bf16_bits_to_float,
+    dtype_name,
+    float_to_bf16_bits,
+    to_half,
+)
 from ..errors import InternalCheckError
 from ..graph import GraphIndex
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
@@ -74,7 +84,7 @@ class _Edit:
             self.head.setdefault(value.scope.id, []).append(proto)
 
 
-def apply_plan(index: GraphIndex, plan: PrecisionPlan, spill=None) -> ApplyStats:
+def apply_plan(index: GraphIndex, plan: PrecisionPlan, spill=None, payloads: dict | None = None) -> ApplyStats:
     """Edit the indexed model so that every node computes in its planned precision. The plan is
     the only input besides the model: its precisions and port roles say what each tensor's
     producer gives and what each consumer needs. Passes, in order:
@@ -89,14 +99,15 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, spill=None) -> ApplyStats
       7. `write_nodes`: node lists written back in order with the new casts in place.
 
     With `spill` (io.PayloadSpill) the converted payloads go to the output's external-data file
-    as they are produced instead of staying in memory."""
+    as they are produced instead of staying in memory. `payloads` (id(TensorProto) -> fp16 bytes,
+    left by classification's data rules) are stored as they are instead of converting again."""
     stats = ApplyStats()
     node_type = [_ELEM_TYPE[p] for p in plan.precisions]
     edit = _Edit(index, plan, node_type, stats, Names(index))
     _output_types(edit)
     _low_precision_inputs(edit)
     _insert_casts(edit)
-    _run_conversions(edit.jobs, stats, spill)
+    _run_conversions(edit.jobs, stats, spill, payloads)
     _retarget_attributes(edit)
     _declare_types(edit)
     for scope in index.scopes:
@@ -157,13 +168,35 @@ def _insert_casts(edit: _Edit) -> None:
     index, plan, new_type = edit.index, edit.plan, edit.new_type
     keep_io = plan.keep_io_types
     roles_in, node_type = plan.roles_in, edit.node_type
+    follow, fp32, own = _FOLLOW, _FP32, PortRole.OWN.value
     for scope in index.scopes:
         for value in scope.values.values():
             dt = value.dtype
             if dt not in MIXABLE:
                 continue
             have = new_type.get(value, dt)
-            wanted = _wanted_types(roles_in, node_type, value, have) if value.consumers else {}
+            # type -> the consumers that need the tensor in a type other than `have`: the rule of
+            # plan.vocab.required_type, inlined because this runs for every port of every node
+            wanted: dict = {}
+            for consumer, port in value.consumers:
+                cid = consumer.id
+                role = roles_in[cid][port]
+                if role == follow:
+                    need = node_type[cid]
+                    if need is None:
+                        need = dt
+                elif role == fp32:
+                    need = FLOAT
+                elif role == own:
+                    need = dt
+                else:
+                    continue
+                if need != have:
+                    users = wanted.get(need)
+                    if users is None:
+                        wanted[need] = [(consumer, port)]
+                    else:
+                        users.append((consumer, port))
             out_need = None
             if value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
                 out_need = value.dtype
@@ -190,22 +223,6 @@ def _insert_casts(edit: _Edit) -> None:
                 edit.add_cast(value, src_name, cast_out, need)
                 for consumer, port in users:
                     consumer.proto.input[port] = cast_out
-
-
-def _wanted_types(roles_in: list, node_type: list, value, have: int) -> dict:
-    """type -> the (consumer, port) pairs that need `value` in a type other than `have`."""
-    wanted: dict = {}
-    dt = value.dtype
-    for consumer, port in value.consumers:
-        need = required_type(roles_in[consumer.id][port], node_type[consumer.id], dt)
-        if need is None or need == have:
-            continue
-        users = wanted.get(need)
-        if users is None:
-            wanted[need] = [(consumer, port)]
-        else:
-            users.append((consumer, port))
-    return wanted
 
 
 def _keep_graph_output(edit: _Edit, value, have: int, out_need: int) -> str:
@@ -350,15 +367,22 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> 
     return False
 
 
-def _run_conversions(jobs, stats, spill=None) -> None:
-    """Convert initializers. The common case (fp32 to fp16, no clamping) runs vectorised over
-    chunks of tensors; the rest one by one. Sources stored as external data are read a chunk at a
-    time, so only the converted payloads accumulate in memory."""
-    fast = [
-        j
-        for j in jobs
-        if j[0].data_type == FLOAT and j[2] == FLOAT16 and not j[3] and (j[0].HasField("raw_data") or is_external(j[0]))
-    ]
+def _run_conversions(jobs, stats, spill=None, payloads=None) -> None:
+    """Convert initializers. The common case (fp32 to fp16, no clamping) takes the payload the
+    data rules already converted, or runs vectorised over chunks of tensors; the rest one by one.
+    Sources stored as external data are read a chunk at a time, so only the converted payloads
+    accumulate in memory."""
+    fast, given = [], set()
+    for j in jobs:
+        source = j[0]
+        if source.data_type != FLOAT or j[2] != FLOAT16 or j[3]:
+            continue
+        done = payloads.pop(id(source), None) if payloads else None
+        if done is not None:
+            _store(source, j[1], FLOAT16, done, stats, 2 * len(done), spill)
+            given.add(id(j))
+        elif source.HasField("raw_data") or is_external(source):
+            fast.append(j)
     fast_ids = {id(j) for j in fast}
     if fast:
         sizes = [tensor_nbytes(j[0]) for j in fast]
@@ -374,37 +398,13 @@ def _run_conversions(jobs, stats, spill=None) -> None:
                 _store(source, copy, dst, view[offset : offset + n], stats, sizes[k], spill)
                 offset += n
     for job in jobs:
-        if id(job) in fast_ids:
+        if id(job) in fast_ids or id(job) in given:
             continue
         source, copy, dst, clamp, base_dir = job
         array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
         _store(source, copy, dst, raw, stats, array.nbytes, spill)
-
-
-PARALLEL_MIN = 8 * 2**20  # elements: below this one thread converts faster than two start
-
-
-def to_half(flat: np.ndarray) -> np.ndarray:
-    """fp32 -> fp16 (IEEE rounding; overflow becomes inf, as astype), on two threads for large
-    arrays: numpy releases the GIL while it casts, so the second core halves the time."""
-    out = np.empty(flat.size, dtype="<f2")
-
-    def cast(a: int, b: int) -> None:
-        with np.errstate(over="ignore"):  # numpy's error state is per thread
-            np.copyto(out[a:b], flat[a:b], casting="unsafe")
-
-    if flat.size < PARALLEL_MIN:
-        cast(0, flat.size)
-        return out
-    from concurrent.futures import ThreadPoolExecutor
-
-    mid = flat.size // 2
-    with ThreadPoolExecutor(2) as pool:
-        for job in [pool.submit(cast, 0, mid), pool.submit(cast, mid, flat.size)]:
-            job.result()
-    return out
 
 
 def _store(source, copy, dst, payload, stats, source_bytes, spill=None) -> None:

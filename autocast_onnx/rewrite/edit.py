@@ -1,6 +1,6 @@
 """Stage: rewrite (editing helpers). The graph-editing primitives that the rewrite uses and
 the emulation builder shares: collision-free names, Cast nodes written as serialized bytes, and
-writing a scope's node list back with new nodes placed after their producers. Only `rewrite/`
+putting a scope's node list in order with new nodes placed after their producers. Only `rewrite/`
 edits graphs; validation's emulation model is built with these helpers too."""
 
 from __future__ import annotations
@@ -61,38 +61,51 @@ def cast_node(src: str, dst: str, name: str, to: int) -> bytes:
 
 def write_nodes(index: GraphIndex, head: dict, after: dict, skip_unchanged: bool = True) -> list[str]:
     """Write every scope's node list back in its topological order, with `head[scope id]` placed
-    first and `after[node id]` right after each node (NodeProtos or serialized bytes). Innermost
-    graphs first: a body graph is edited through its owner node's proto, which must not have been
-    copied into its parent's rebuilt node list yet. Every other edit of a body graph must be made
-    before this call: afterwards `scope.graph` of a body is a detached copy. Returns the paths of
-    the graphs that were not sorted before."""
+    first and `after[node id]` right after each node (NodeProtos or serialized bytes). The new
+    nodes are appended and the list is put in order by one sort of the repeated field, which moves
+    the messages without copying them: every NodeProto the index holds (body graphs included)
+    stays the one in the model. Returns the paths of the graphs that were not sorted before."""
     resorted = []
-    for scope in reversed(index.scopes):
+    for scope in index.scopes:
         first = head.get(scope.id, [])
         if skip_unchanged and not first and scope.sorted and not any(n.id in after for n in scope.nodes):
             continue
         if not scope.sorted:
             resorted.append(scope.path)
-        ordered = list(first)
         if scope.order is None:
             raise InternalCheckError(f"scope {scope.path} was never ordered")
+        # sort keys in the field's current order: the existing nodes by position, then the new ones
+        ranks = [0] * len(scope.nodes)
+        added = list(first)
+        new_ranks = list(range(len(first)))
+        rank = len(first)
         for node in scope.order:
-            ordered.append(node.proto)
-            ordered.extend(after.get(node.id, ()))
-        replace_nodes(scope.graph, ordered)
+            ranks[node.pos] = rank
+            rank += 1
+            extra = after.get(node.id)
+            if extra:
+                added.extend(extra)
+                new_ranks.extend(range(rank, rank + len(extra)))
+                rank += len(extra)
+        append_nodes(scope.graph, added)
+        if len(scope.graph.node) != len(ranks) + len(new_ranks):
+            raise InternalCheckError(f"scope {scope.path}: the index and the graph's node list disagree")
+        keys = iter(ranks + new_ranks)
+        scope.graph.node.sort(key=lambda _node: next(keys))
     return resorted
 
 
-def replace_nodes(graph, ordered) -> None:
-    """Set graph.node to `ordered`. Copying 100k messages one by one through the protobuf API is
-    slow; serializing each and merging them as `node` fields (tag 1, length-delimited) in one
-    parse is several times faster and gives the same message."""
+def append_nodes(graph, nodes) -> None:
+    """Append `nodes` (NodeProtos or serialized bytes) to graph.node: building 10^4 messages
+    through the protobuf API is slow, so each is serialized and all are merged as `node` fields
+    (tag 1, length-delimited) in one parse."""
+    if not nodes:
+        return
     parts = []
     varint = _varint
-    for proto in ordered:
+    for proto in nodes:
         payload = proto if proto.__class__ is bytes else proto.SerializeToString()
         parts.append(b"\x0a" + varint(len(payload)) + payload)
-    del graph.node[:]
     graph.MergeFromString(b"".join(parts))
 
 

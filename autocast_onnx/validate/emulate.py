@@ -100,8 +100,7 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
                     _set_declared(graph.output, value.name, FLOAT)
             after.setdefault(producer.id, []).extend(chain)
 
-    # before the node lists are rewritten: a body graph is reached through its owner's proto, which
-    # write_nodes replaces by a copy. Every tensor the model names is fp32 in the emulation (the
+    # Every tensor the model names is fp32 in the emulation (the
     # rounded copies carry new names), so declared low types become fp32 rather than being dropped:
     # ops without shape inference (onnxruntime-training's MaxPoolGrad) need the declared types.
     for scope in index.scopes:
