@@ -18,7 +18,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -504,6 +504,7 @@ def save_model(
     restore: bool = True,
     spill: PayloadSpill | None = None,
     find_external: bool = True,
+    verify: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
@@ -512,7 +513,9 @@ def save_model(
     data). `spill` (a PayloadSpill of this output) already holds the converted payloads: the rest
     is appended to it and it becomes `<name>.data`. `find_external=False` says that no tensor of
     the model is stored as external data (a save in one piece then skips looking for them: a walk
-    over every node). Returns the files created (none for a FIFO or device)."""
+    over every node). `verify(path)` (a model in one piece) is called on the written temporary
+    before it is renamed into place, after the payload is let go of: if it raises, nothing is
+    written. Returns the files created (none for a FIFO or device)."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
     in_place = output_kind(out_path) == "stream"
@@ -614,6 +617,9 @@ def save_model(
             fh.flush()
             os.fsync(fh.fileno())
         finals.append((model_tmp, out_path))
+        if verify is not None and not external_data:
+            payload = None  # the caller handed it over: free before the check makes its own copy
+            verify(model_tmp)
         done = []
         try:
             for tmp, final in finals:

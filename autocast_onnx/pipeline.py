@@ -473,13 +473,23 @@ def convert_file(
         if spill is not None:
             spill.discard()
         raise
-    payload = None
+    serialized: dict = {}  # the payload is handed over, not kept here: save_model lets go of it
+    stream = output_kind(out_path) == "stream"
+    verify = None
     if in_memory:
-        t = time.perf_counter()
-        payload = result.model.SerializeToString()
-        if check != "none":
-            check_result(payload, full=check == "full")
-        timings["check"] = time.perf_counter() - t
+        serialized["payload"] = result.model.SerializeToString()  # once, for the file and the check
+        if stream and check != "none":  # a FIFO or device cannot be read back: check before writing
+            t = time.perf_counter()
+            check_result(serialized["payload"], full=check == "full")
+            timings["check"] = time.perf_counter() - t
+        elif check != "none":
+            # the written temporary, before it is renamed into place, and with its bytes no longer
+            # held: the checker's own copy of the model is the largest allocation of a conversion
+            def verify(path: Path) -> None:
+                t = time.perf_counter()
+                check_file(path, full=check == "full")
+                timings["check"] = time.perf_counter() - t
+
     t = time.perf_counter()
     try:
         result.output_files = save_model(
@@ -487,18 +497,19 @@ def convert_file(
             out_path,
             external_data=external_data,
             in_path=in_path,
-            payload=payload,
+            payload=serialized.pop("payload", None),
             source_dir=in_path.parent,
             restore=not external_data,
             spill=spill,
             find_external=result.external_tensors,
+            verify=verify,
         )
     finally:
         if spill is not None and spill.path.exists():  # save failed before renaming it
             spill.discard()
+    timings["save"] = time.perf_counter() - t - timings.get("check", 0.0) * (verify is not None)
     if check != "none" and (big or spill is not None):  # the weights are on disk: check the written files
         check_file(out_path, full=check == "full")
-    timings["save"] = time.perf_counter() - t
     if search_log is not None:
         result.plan.search = {k: v for k, v in search_log.items() if k != "attribution"} | {
             "attribution": {k: (v if math.isfinite(v) else None) for k, v in search_log.get("attribution", {}).items()}

@@ -95,24 +95,33 @@ def best_of(repeat, fn):
 # Runs in a fresh process: the floor or the CLI's console entry on SRC -> DST; prints seconds
 # from before the imports and VmHWM, the peak RSS of this address space, as it exits.
 CHILD = r"""
-import sys, time
+import os, sys, time
 start = time.perf_counter()
 mode, src, dst = sys.argv[1:4]
-def report(code=0):
+def report():
     hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print(time.perf_counter() - start, hwm, flush=True)
-    if mode != "floor":
-        hard_exit(code)
 if mode == "floor":  # exits as any script does
     import onnx
     onnx.save(onnx.load(src), dst)
     report()
 else:
-    import os
-    hard_exit, os._exit = os._exit, report  # the console entry ends with os._exit: report first
-    from autocast_onnx.cli.main import run
+    hard_exit = os._exit
+    def report_and_exit(code):  # the console entry ends with os._exit: report first
+        report()
+        hard_exit(code)
+    os._exit = report_and_exit
+    try:
+        from autocast_onnx.cli.main import run
+    except ImportError:  # a version before the console entry had its own exit
+        from autocast_onnx.cli.main import main as run
     sys.argv = ["autocast-onnx", "convert", src, "-o", dst, "-q"]
-    run()
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code:
+            raise
+        report()
 """
 
 

@@ -38,7 +38,8 @@ def check_file(path, full: bool = True) -> None:
         patched = _ort_default_domain_ops_moved(onnx.load(str(path), load_external_data=False))
         if patched is not None:
             return check_result(patched, full)
-        raise InternalCheckError(f"the converted model fails onnx.checker: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InternalCheckError(f"the converted model fails onnx.checker: {first}") from exc
 
 
 def _ort_default_domain_ops_moved(model) -> onnx.ModelProto | None:
