@@ -84,6 +84,37 @@ def test_unsorted_graph_gets_an_order_and_cycles_are_refused():
         build_index(cyclic)
 
 
+def test_late_inputs_keep_consumers_in_node_order():
+    """The one-walk index resolves inputs produced later after the walk; the value's consumers
+    are still listed in node order (the order casts and their names follow), and the types come
+    from the topological order."""
+    index = build_index(
+        parse("""
+        late (float[2] x) => (float[2] y) {
+            [early_reader] a = Relu(h)
+            [maker] h = Relu(x)
+            [later_reader] b = Relu(h)
+            [first_reader] y = Add(a, b)
+        }""")
+    )
+    h = index.main.values["h"]
+    assert [(n.name, port) for n, port in h.consumers] == [("early_reader", 0), ("later_reader", 0)]
+    assert not index.main.sorted
+    assert [n.name for n in index.main.order] == ["maker", "early_reader", "later_reader", "first_reader"]
+    assert all(index.main.values[t].dtype == F32 for t in "abhy")
+
+
+def test_a_dangling_input_is_named_after_the_walk():
+    with pytest.raises(AutocastError, match="node reader reads tensor 'ghost', which nothing produces"):
+        build_index(
+            parse("""
+            dangling (float[2] x) => (float[2] y) {
+                [fine] h = Relu(x)
+                [reader] y = Add(h, ghost)
+            }""")
+        )
+
+
 def test_duplicate_producer_is_refused():
     twice = parse("""
         twice (float[2] x) => (float[2] y) {

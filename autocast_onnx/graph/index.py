@@ -154,13 +154,21 @@ class GraphIndex:
         scope = Scope(len(self.scopes), graph, parent, owner, attr_name, path, self.base_dir)
         self.scopes.append(scope)
         self._declare_values(scope)
-        self._record_nodes(scope)
-        has_subgraphs = self._resolve_inputs(scope)
-        # Inline typing only in a sorted main graph without subgraphs: a body may read outer values
-        # that are typed later, so bodies are typed in _infer_types, in the order the outer graph runs.
-        if parent is None and scope.sorted and not has_subgraphs:
-            self._type_in_order(scope)
-            scope.typed = True
+        protos = list(graph.node)
+        # Fields are read from the protobuf once, in bulk: attribute access on protobuf messages
+        # dominates the cost of large graphs.
+        fields = [(p.op_type, p.domain, p.input[:], p.output[:]) for p in protos]
+        if any(op in GRAPH_ATTR_OPS or domain not in KNOWN_NO_GRAPH_DOMAINS for op, domain, _, _ in fields):
+            self._record_nodes(scope, protos, fields)
+            del protos, fields
+            has_subgraphs = self._resolve_inputs(scope)
+            # Inline typing only in a sorted main graph without subgraphs: a body may read outer values
+            # that are typed later, so bodies are typed in _infer_types, in the order the outer graph runs.
+            if parent is None and scope.sorted and not has_subgraphs:
+                self._type_in_order(scope)
+                scope.typed = True
+        else:
+            self._index_flat(scope, protos, fields)
         self._bind_outputs(scope)
         log.debug("index %s: %d nodes, %d values, sorted=%s", path, len(scope.nodes), len(scope.values), scope.sorted)
         return scope
@@ -200,34 +208,91 @@ class GraphIndex:
             if vi.name not in scope.value_info:
                 scope.value_info[vi.name] = _type_of(vi)
 
-    def _record_nodes(self, scope: Scope) -> None:
-        """Pass 2: a Node per NodeProto and a Value per output it defines. Fields are read from the
-        protobuf once, in bulk: attribute access on protobuf messages dominates the cost of large
-        graphs."""
-        values = scope.values
+    def _index_flat(self, scope: Scope, protos: list, fields: list) -> None:
+        """Passes 2-4 in one walk, for a graph without subgraphs: each node's inputs resolve to the
+        Values recorded so far (in a sorted graph, all of them), its outputs become Values, and in
+        the main graph they are typed at once. An input produced later (an unsorted graph) or read
+        before it exists is resolved after the walk, as the separate passes would: the graph is
+        marked unsorted (typed later, in topological order), and the consumers of such values are
+        put back in node order.
+
+            h = MatMul(x, w)   ->  Node(MatMul, inputs [x, w]), Value h (producer MatMul, float)"""
+        values, parent, nodes = scope.values, scope.parent, scope.nodes
         base = len(self.nodes)
-        protos = list(scope.graph.node)
-        fields = [(p.op_type, p.domain, p.input[:], p.output[:]) for p in protos]
+        typing = parent is None
+        late: list = []  # (node, port, name) of inputs not defined when their node was reached
+        for pos, proto in enumerate(protos):
+            op, domain, input_names, output_names = fields[pos]
+            node = Node(base + pos, proto, scope, pos, op, domain, None, None)
+            in_values: list[Value | None] = []
+            port = 0
+            for name in input_names:
+                value = values.get(name) if name else None
+                if value is None and name:
+                    value = scope.resolve(name) if parent is not None else None
+                    if value is None:
+                        late.append((node, port, name))
+                if value is not None:
+                    value.consumers.append((node, port))
+                in_values.append(value)
+                port += 1
+            node.inputs = in_values
+            node.outputs = self._output_values(scope, node, output_names)
+            if typing:
+                self._type_outputs(node)
+            nodes.append(node)
+        self.nodes.extend(nodes)
+        if late:
+            self._resolve_late(scope, late)
+        scope.typed = typing and scope.sorted
+
+    def _resolve_late(self, scope: Scope, late: list) -> None:
+        """Inputs the flat walk could not resolve in order: produced later in this graph (the graph
+        is unsorted) or by nothing (broken)."""
+        touched = {}
+        for node, port, name in late:
+            value = scope.values.get(name)
+            if value is None:
+                raise AutocastError(
+                    f"node {node.label} reads tensor '{name}', which nothing produces",
+                    self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
+                    "the graph is broken: re-export it",
+                )
+            scope.sorted = False
+            value.consumers.append((node, port))
+            node.inputs[port] = value
+            touched[id(value)] = value
+        for value in touched.values():
+            value.consumers.sort(key=lambda use: (use[0].id, use[1]))
+
+    def _output_values(self, scope: Scope, node: Node, output_names) -> list:
+        """A Value for each output `node` defines (None for an omitted optional output)."""
+        values = scope.values
+        out_values: list[Value | None] = []
+        port = 0
+        for name in output_names:
+            if not name:
+                out_values.append(None)
+            elif name in values:
+                raise AutocastError(
+                    f"tensor '{name}' is produced twice (by node {node.label} and another)",
+                    self.where,
+                    "each tensor must have exactly one producer",
+                )
+            else:
+                value = values[name] = Value(name, scope, "node", None, node, port)
+                out_values.append(value)
+            port += 1
+        return out_values
+
+    def _record_nodes(self, scope: Scope, protos: list, fields: list) -> None:
+        """Pass 2 (graphs with subgraphs): a Node per NodeProto and a Value per output it defines."""
+        base = len(self.nodes)
         nodes = scope.nodes
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names = fields[pos]
             node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
-            out_values: list[Value | None] = []
-            port = 0
-            for name in output_names:
-                if not name:
-                    out_values.append(None)
-                elif name in values:
-                    raise AutocastError(
-                        f"tensor '{name}' is produced twice (by node {node.label} and another)",
-                        self.where,
-                        "each tensor must have exactly one producer",
-                    )
-                else:
-                    value = values[name] = Value(name, scope, "node", None, node, port)
-                    out_values.append(value)
-                port += 1
-            node.outputs = out_values
+            node.outputs = self._output_values(scope, node, output_names)
             nodes.append(node)
         self.nodes.extend(nodes)
 
@@ -279,37 +344,40 @@ class GraphIndex:
         return tuple(subs)
 
     def _type_in_order(self, scope: Scope) -> None:
-        """Pass 4 (sorted main graph without subgraphs): each node's output types from its op's
-        typing rules, in graph order, so every producer is typed before its consumers."""
-        declared = scope.value_info
-        rule_cache = self._port_rule_cache
+        """Pass 4 (sorted main graph with subgraphs left untyped): each node's output types from
+        its op's typing rules, in graph order, so every producer is typed before its consumers."""
         for node in scope.nodes:
-            in_values = node.inputs
-            outs = node.outputs
-            key = (node.op, node.domain, len(in_values), len(outs))
-            rules = rule_cache.get(key)
-            if rules is None:
-                rules = rule_cache[key] = self._port_rules(node.domain, node.op, len(in_values), len(outs))
-            port = 0
-            for value in outs:
-                if value is not None:
-                    rule = rules[port]
-                    if rule.__class__ is int:
-                        dtype = rule
-                    elif rule.__class__ is tuple:
-                        dtype = None
-                        for i in rule:
-                            source = in_values[i]
-                            if source is not None and source.dtype is not None:
-                                dtype = source.dtype
-                                break
-                    else:
-                        dtype = rule(node, port)
-                    if dtype is None:
-                        dtype = declared.get(value.name)
-                        value.declared = dtype is not None
-                    value.dtype = dtype
-                port += 1
+            self._type_outputs(node)
+
+    def _type_outputs(self, node: Node) -> None:
+        """The element type of each output of `node`, from its op's typing rule and its inputs'
+        types (which must be known by now), else the type the graph declares."""
+        in_values = node.inputs
+        outs = node.outputs
+        key = (node.op, node.domain, len(in_values), len(outs))
+        rules = self._port_rule_cache.get(key)
+        if rules is None:
+            rules = self._port_rule_cache[key] = self._port_rules(node.domain, node.op, len(in_values), len(outs))
+        port = 0
+        for value in outs:
+            if value is not None:
+                rule = rules[port]
+                if rule.__class__ is int:
+                    dtype = rule
+                elif rule.__class__ is tuple:
+                    dtype = None
+                    for i in rule:
+                        source = in_values[i]
+                        if source is not None and source.dtype is not None:
+                            dtype = source.dtype
+                            break
+                else:
+                    dtype = rule(node, port)
+                if dtype is None:
+                    dtype = node.scope.value_info.get(value.name)
+                    value.declared = dtype is not None
+                value.dtype = dtype
+            port += 1
 
     def _bind_outputs(self, scope: Scope) -> None:
         """Graph outputs: each names the Value it exposes (possibly an outer or input value)."""
