@@ -300,8 +300,11 @@ def _convert_loaded(
         # when the converted weights stay in memory anyway (no spill to an external-data file)
         payloads: dict | None = {} if spill is None and target is Precision.FP16 else None
         shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
-        compute = [n for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
-        work = [(n.id, macs_of(n.proto, shapes)) for n in compute] if shapes is not None else None
+        work = (
+            [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
+            if shapes is not None
+            else None
+        )
         if plan is None:
             head = training is None or not training.has_backward
             macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None

@@ -159,7 +159,7 @@ class GraphIndex:
         # dominates the cost of large graphs.
         fields = [(p.op_type, p.domain, p.input[:], p.output[:]) for p in protos]
         if any(op in GRAPH_ATTR_OPS or domain not in KNOWN_NO_GRAPH_DOMAINS for op, domain, _, _ in fields):
-            self._record_nodes(scope, protos, fields)
+            self._walk_nodes(scope, protos, fields, resolve=False)
             del protos, fields
             has_subgraphs = self._resolve_inputs(scope)
             # Inline typing only in a sorted main graph without subgraphs: a body may read outer values
@@ -168,7 +168,7 @@ class GraphIndex:
                 self._type_in_order(scope)
                 scope.typed = True
         else:
-            self._index_flat(scope, protos, fields)
+            self._walk_nodes(scope, protos, fields, resolve=True)
         self._bind_outputs(scope)
         log.debug("index %s: %d nodes, %d values, sorted=%s", path, len(scope.nodes), len(scope.values), scope.sorted)
         return scope
@@ -208,43 +208,61 @@ class GraphIndex:
             if vi.name not in scope.value_info:
                 scope.value_info[vi.name] = _type_of(vi)
 
-    def _index_flat(self, scope: Scope, protos: list, fields: list) -> None:
-        """Passes 2-4 in one walk, for a graph without subgraphs: each node's inputs resolve to the
-        Values recorded so far (in a sorted graph, all of them), its outputs become Values, and in
-        the main graph they are typed at once. An input produced later (an unsorted graph) or read
-        before it exists is resolved after the walk, as the separate passes would: the graph is
-        marked unsorted (typed later, in topological order), and the consumers of such values are
-        put back in node order.
+    def _walk_nodes(self, scope: Scope, protos: list, fields: list, resolve: bool) -> None:
+        """Pass 2: a Node per NodeProto and a Value per output it defines. With `resolve` (a graph
+        without subgraphs) passes 3 and 4 happen in the same walk: each node's inputs resolve to
+        the Values recorded so far (in a sorted graph, all of them) and, in the main graph, its
+        outputs are typed at once. An input produced later (an unsorted graph) or by nothing is
+        resolved after the walk, as the separate passes would: the graph is marked unsorted (typed
+        later, in topological order), and the consumers of such values are put back in node order.
+        Without `resolve`, node.inputs keeps the names for _resolve_inputs.
 
             h = MatMul(x, w)   ->  Node(MatMul, inputs [x, w]), Value h (producer MatMul, float)"""
         values, parent, nodes = scope.values, scope.parent, scope.nodes
         base = len(self.nodes)
-        typing = parent is None
+        typing = resolve and parent is None
         late: list = []  # (node, port, name) of inputs not defined when their node was reached
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names = fields[pos]
-            node = Node(base + pos, proto, scope, pos, op, domain, None, None)
-            in_values: list[Value | None] = []
+            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
+            if resolve:
+                in_values: list[Value | None] = []
+                port = 0
+                for name in input_names:
+                    value = values.get(name) if name else None
+                    if value is None and name:
+                        value = scope.resolve(name) if parent is not None else None
+                        if value is None:
+                            late.append((node, port, name))
+                    if value is not None:
+                        value.consumers.append((node, port))
+                    in_values.append(value)
+                    port += 1
+                node.inputs = in_values
+            out_values: list[Value | None] = []
             port = 0
-            for name in input_names:
-                value = values.get(name) if name else None
-                if value is None and name:
-                    value = scope.resolve(name) if parent is not None else None
-                    if value is None:
-                        late.append((node, port, name))
-                if value is not None:
-                    value.consumers.append((node, port))
-                in_values.append(value)
+            for name in output_names:
+                if not name:
+                    out_values.append(None)
+                elif name in values:
+                    raise AutocastError(
+                        f"tensor '{name}' is produced twice (by node {node.label} and another)",
+                        self.where,
+                        "each tensor must have exactly one producer",
+                    )
+                else:
+                    value = values[name] = Value(name, scope, "node", None, node, port)
+                    out_values.append(value)
                 port += 1
-            node.inputs = in_values
-            node.outputs = self._output_values(scope, node, output_names)
+            node.outputs = out_values
             if typing:
                 self._type_outputs(node)
             nodes.append(node)
         self.nodes.extend(nodes)
         if late:
             self._resolve_late(scope, late)
-        scope.typed = typing and scope.sorted
+        if resolve:
+            scope.typed = typing and scope.sorted
 
     def _resolve_late(self, scope: Scope, late: list) -> None:
         """Inputs the flat walk could not resolve in order: produced later in this graph (the graph
@@ -264,37 +282,6 @@ class GraphIndex:
             touched[id(value)] = value
         for value in touched.values():
             value.consumers.sort(key=lambda use: (use[0].id, use[1]))
-
-    def _output_values(self, scope: Scope, node: Node, output_names) -> list:
-        """A Value for each output `node` defines (None for an omitted optional output)."""
-        values = scope.values
-        out_values: list[Value | None] = []
-        port = 0
-        for name in output_names:
-            if not name:
-                out_values.append(None)
-            elif name in values:
-                raise AutocastError(
-                    f"tensor '{name}' is produced twice (by node {node.label} and another)",
-                    self.where,
-                    "each tensor must have exactly one producer",
-                )
-            else:
-                value = values[name] = Value(name, scope, "node", None, node, port)
-                out_values.append(value)
-            port += 1
-        return out_values
-
-    def _record_nodes(self, scope: Scope, protos: list, fields: list) -> None:
-        """Pass 2 (graphs with subgraphs): a Node per NodeProto and a Value per output it defines."""
-        base = len(self.nodes)
-        nodes = scope.nodes
-        for pos, proto in enumerate(protos):
-            op, domain, input_names, output_names = fields[pos]
-            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
-            node.outputs = self._output_values(scope, node, output_names)
-            nodes.append(node)
-        self.nodes.extend(nodes)
 
     def _resolve_inputs(self, scope: Scope) -> bool:
         """Pass 3: each input name becomes its Value (outer scopes resolved lexically), consumers

@@ -38,7 +38,7 @@ class Names:
     def fresh_node(self, base: str) -> str:
         """A node name used by no other node (built on first use: most conversions need few)."""
         if self._nodes is None:
-            self._nodes = {node.name for node in self._index.nodes}
+            self._nodes = {node.proto.name for node in self._index.nodes}
         return self._fresh(base, self._nodes)
 
 
@@ -47,16 +47,14 @@ def cast_node(src: str, dst: str, name: str, to: int) -> bytes:
     directly because building 10^4 small messages through the Python API is the slow part of
     large conversions. Fields: input=1, output=2, name=3, op_type=4, attribute=5; in the
     AttributeProto: name=1, i=3, type=20 (INT=2)."""
-    attr = b"\x0a\x02to\x18" + _varint(to) + b"\xa0\x01\x02"
-    return (
-        _field(b"\x0a", src)
-        + _field(b"\x12", dst)
-        + _field(b"\x1a", name)
-        + b"\x22\x04Cast"
-        + b"\x2a"
-        + _varint(len(attr))
-        + attr
-    )
+    tail = _CAST_TAILS.get(to)
+    if tail is None:
+        attr = b"\x0a\x02to\x18" + _varint(to) + b"\xa0\x01\x02"
+        tail = _CAST_TAILS[to] = b"\x22\x04Cast\x2a" + _varint(len(attr)) + attr
+    return _field(b"\x0a", src) + _field(b"\x12", dst) + _field(b"\x1a", name) + tail
+
+
+_CAST_TAILS: dict[int, bytes] = {}  # element type -> the op type and `to` attribute fields
 
 
 def write_nodes(index: GraphIndex, head: dict, after: dict, skip_unchanged: bool = True) -> list[str]:
@@ -66,33 +64,58 @@ def write_nodes(index: GraphIndex, head: dict, after: dict, skip_unchanged: bool
     the messages without copying them: every NodeProto the index holds (body graphs included)
     stays the one in the model. Returns the paths of the graphs that were not sorted before."""
     resorted = []
+    placed: dict[int, list] = {}  # scope id -> node ids with new nodes after them
+    for node_id in after:
+        placed.setdefault(index.nodes[node_id].scope.id, []).append(node_id)
     for scope in index.scopes:
         first = head.get(scope.id, [])
-        if skip_unchanged and not first and scope.sorted and not any(n.id in after for n in scope.nodes):
+        if skip_unchanged and not first and scope.sorted and scope.id not in placed:
             continue
         if not scope.sorted:
             resorted.append(scope.path)
         if scope.order is None:
             raise InternalCheckError(f"scope {scope.path} was never ordered")
-        # sort keys in the field's current order: the existing nodes by position, then the new ones
-        ranks = [0] * len(scope.nodes)
         added = list(first)
-        new_ranks = list(range(len(first)))
-        rank = len(first)
-        for node in scope.order:
-            ranks[node.pos] = rank
-            rank += 1
-            extra = after.get(node.id)
-            if extra:
-                added.extend(extra)
-                new_ranks.extend(range(rank, rank + len(extra)))
-                rank += len(extra)
+        if scope.sorted:
+            keys = _keys_in_place(index, scope, first, sorted(placed.get(scope.id, ())), after, added)
+        else:
+            keys = _keys_in_order(scope, first, after, added)
         append_nodes(scope.graph, added)
-        if len(scope.graph.node) != len(ranks) + len(new_ranks):
+        if len(scope.graph.node) != len(keys):
             raise InternalCheckError(f"scope {scope.path}: the index and the graph's node list disagree")
-        keys = iter(ranks + new_ranks)
-        scope.graph.node.sort(key=lambda _node: next(keys))
+        ordered = iter(keys)
+        scope.graph.node.sort(key=lambda _node: next(ordered))
     return resorted
+
+
+def _keys_in_place(index: GraphIndex, scope, first: list, node_ids: list, after: dict, added: list) -> list:
+    """Sort keys, in the field's order (existing nodes, then `added`), for a graph already in
+    order: node p keeps p * stride, the k-th node placed after it gets p * stride + k + 1, the
+    head's come first (negative). Work in the number of new nodes, not of nodes."""
+    stride = 1 + max((len(after[i]) for i in node_ids), default=0)
+    new_keys = list(range(-len(first), 0))
+    for node_id in node_ids:  # in node order: the order `added` receives them
+        extra = after[node_id]
+        start = index.nodes[node_id].pos * stride + 1
+        new_keys.extend(range(start, start + len(extra)))
+        added.extend(extra)
+    return list(range(0, len(scope.nodes) * stride, stride)) + new_keys
+
+
+def _keys_in_order(scope, first: list, after: dict, added: list) -> list:
+    """Sort keys, in the field's order, for a graph that must be put in topological order."""
+    ranks = [0] * len(scope.nodes)
+    new_keys = list(range(len(first)))
+    rank = len(first)
+    for node in scope.order:
+        ranks[node.pos] = rank
+        rank += 1
+        extra = after.get(node.id)
+        if extra:
+            added.extend(extra)
+            new_keys.extend(range(rank, rank + len(extra)))
+            rank += len(extra)
+    return ranks + new_keys
 
 
 def append_nodes(graph, nodes) -> None:
