@@ -10,7 +10,8 @@ With --process each run is a whole process instead, as a user meets them: `pytho
 onnx.load(IN), OUT)"` (the floor) against `autocast-onnx convert IN -o OUT -q` (the CLI, default
 --check basic), run alternately --repeat times; it prints the medians of wall time and of peak
 resident memory (VmHWM) with their ratios. PYTHONPATH pointing at another checkout measures that
-version of autocast-onnx.
+version of autocast-onnx. The measured package is byte-compiled first, as `pip install` does (an
+editable checkout under PYTHONDONTWRITEBYTECODE would compile every module in every process).
 
     python benchmarks/bench_convert.py [--sizes 1000 10000 100000] [--repeat 3] [--hidden 16]
     python benchmarks/bench_convert.py --process --sizes 100000 300000 --hidden 48 --repeat 3
@@ -136,6 +137,16 @@ def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int]:
 
 
 def main_process(args, tmp: Path) -> None:
+    found = subprocess.run(
+        [sys.executable, "-c", "import autocast_onnx, os; print(os.path.dirname(autocast_onnx.__file__))"],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        check=True,
+    )
+    package = found.stdout.strip()
+    subprocess.run([sys.executable, "-m", "compileall", "-q", package], check=True, capture_output=True)
+    print(f"autocast-onnx from {package}")
     print(f"whole processes, hidden size {args.hidden}, medians of {args.repeat} alternating runs")
     print(
         f"{'nodes':>8} {'MB':>6} {'floor s':>8} {'convert s':>10} {'ratio':>6} "
