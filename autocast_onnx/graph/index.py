@@ -67,7 +67,7 @@ class Node:
         self.op = op
         self.domain = domain
         self.inputs = input_names  # replaced by list[Value | None] once resolved
-        self.outputs = output_names  # replaced by list[Value | None]
+        self.outputs = output_names  # replaced by a tuple of Value | None
         self.subscopes: tuple[Scope, ...] = ()
         self._name = None
 
@@ -222,8 +222,10 @@ class GraphIndex:
         base = len(self.nodes)
         typing = resolve and parent is None
         late: list = []  # (node, port, name) of inputs not defined when their node was reached
+        ops: dict[str, str] = {}  # one string per op type: protobuf hands out a new one per read
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names = fields[pos]
+            op = ops.setdefault(op, op)
             node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
             if resolve:
                 in_values: list[Value | None] = []
@@ -254,7 +256,7 @@ class GraphIndex:
                     value = values[name] = Value(name, scope, "node", None, node, port)
                     out_values.append(value)
                 port += 1
-            node.outputs = out_values
+            node.outputs = tuple(out_values)  # never changed again: a tuple is the smaller
             if typing:
                 self._type_outputs(node)
             nodes.append(node)
