@@ -249,34 +249,27 @@ def _roles_of(template, cat: str, is_cast: bool, signature: tuple) -> tuple[str,
     t_in, t_out = template[0], template[1]
     control = cat == _CONTROL
     unplanned = cat in _UNPLANNED
-    unknown = False
-    roles_in = []
-    for i, dt in enumerate(signature[3]):
-        if dt == _ABSENT:
-            roles_in.append(_NONE)
-        elif dt in MIXABLE:
-            roles_in.append(_OWN if control else t_in[i])
-        elif dt is None and t_in[i] == _FOLLOW and not unplanned:
-            roles_in.append(_UNKNOWN)
-            unknown = True
-        else:
-            roles_in.append(_NONE)
-    roles_out = []
-    for i, dt in enumerate(signature[4]):
-        if dt == _ABSENT:
-            roles_out.append(_NONE)
-        elif is_cast:
-            # Only an fp32 cast is the author's "back to float" and may be retargeted; an explicit
-            # cast to fp16/bf16 is a deliberate rounding and keeps its type.
-            roles_out.append(_FOLLOW if dt == FLOAT else (_OWN if dt in MIXABLE else _NONE))
-        elif dt in MIXABLE:
-            roles_out.append(_OWN if control else t_out[i])
-        elif dt is None and t_out[i] == _FOLLOW and not unplanned:
-            roles_out.append(_UNKNOWN)
-            unknown = True
-        else:
-            roles_out.append(_NONE)
-    return "".join(roles_in), "".join(roles_out), unknown
+    roles_in = "".join(_role(dt, t_in[i], control, unplanned) for i, dt in enumerate(signature[3]))
+    roles_out = "".join(
+        # Only an fp32 cast is the author's "back to float" and may be retargeted; an explicit
+        # cast to fp16/bf16 is a deliberate rounding and keeps its type.
+        (_FOLLOW if dt == FLOAT else (_OWN if dt in MIXABLE else _NONE))
+        if is_cast and dt != _ABSENT
+        else _role(dt, t_out[i], control, unplanned)
+        for i, dt in enumerate(signature[4])
+    )
+    return roles_in, roles_out, _UNKNOWN in roles_in or _UNKNOWN in roles_out
+
+
+def _role(dt, schema_role: str, control: bool, unplanned: bool) -> str:
+    """One port's PortRole code from its tensor's type and the role its op's schema gives it."""
+    if dt == _ABSENT:
+        return _NONE
+    if dt in MIXABLE:
+        return _OWN if control else schema_role
+    if dt is None and schema_role == _FOLLOW and not unplanned:
+        return _UNKNOWN
+    return _NONE
 
 
 UNMATCHED = "unmatched-selector"  # warning code: a node rule, pattern or --exclude-op that matched nothing
