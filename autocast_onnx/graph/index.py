@@ -47,7 +47,7 @@ class Value:
         self.dtype = dtype  # onnx elem type, NONTENSOR, or None if unknown
         self.producer = producer
         self.out_port = out_port
-        self.consumers = []  # (Node, input port)
+        self.consumers: list | tuple = []  # (Node, input port); a tuple once the index is built
         self.graph_outputs = ()  # (scope, index) of each graph output slot it fills
         self.declared = dtype is not None
         self.initializer = initializer  # TensorProto for initializers
@@ -147,6 +147,7 @@ class GraphIndex:
         self.nodes: list[Node] = []
         self.main = self._build_scope(model.graph, None, None, "", "main")
         self._order_and_type_all()
+        self._freeze_edges()
 
     # ---- construction -------------------------------------------------------------------
     def _build_scope(self, graph, parent, owner, attr_name, path) -> Scope:
@@ -240,7 +241,7 @@ class GraphIndex:
                         value.consumers.append((node, port))
                     in_values.append(value)
                     port += 1
-                node.inputs = in_values
+                node.inputs = tuple(in_values)  # never changed again but by _resolve_late
             out_values: list[Value | None] = []
             port = 0
             for name in output_names:
@@ -280,10 +281,18 @@ class GraphIndex:
                 )
             scope.sorted = False
             value.consumers.append((node, port))
-            node.inputs[port] = value
+            node.inputs = node.inputs[:port] + (value,) + node.inputs[port + 1 :]
             touched[id(value)] = value
         for value in touched.values():
             value.consumers.sort(key=lambda use: (use[0].id, use[1]))
+
+    def _freeze_edges(self) -> None:
+        """Once every graph is indexed, each value's consumers become a tuple: the index is
+        read-only from here on, and a tuple holds the same edges in less memory than a list
+        grown by appends (4 MB at 100k nodes)."""
+        for scope in self.scopes:
+            for value in scope.values.values():
+                value.consumers = tuple(value.consumers)
 
     def _resolve_inputs(self, scope: Scope) -> bool:
         """Pass 3: each input name becomes its Value (outer scopes resolved lexically), consumers
