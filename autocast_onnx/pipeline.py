@@ -97,15 +97,17 @@ def _no_gc():
     generation-0 threshold would make indexing quadratic-looking on large graphs. Disabling it
     does not stop them piling up in the youngest generation, whose first collection after
     re-enabling would then traverse all of them (0.2 s at 100k nodes): freezing and unfreezing
-    moves them to the oldest generation without a scan (collected later, as any long-lived data)."""
+    moves them to the oldest generation without a scan (collected later, as any long-lived data).
+    Not when the program froze objects itself (a server before forking): unfreezing would undo it."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
-            gc.freeze()
-            gc.unfreeze()
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -177,3 +177,29 @@ def test_the_console_entry_exits_with_the_commands_code(tmp_path):
     bad = cli_process("convert", "missing.onnx", cwd=tmp_path)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "missing.onnx" in bad.stderr
+
+
+def test_a_conversion_leaves_the_programs_frozen_objects_frozen():
+    """The collector trick after indexing (freeze, unfreeze) must not undo a program's own
+    gc.freeze() (servers freeze before forking), and leaves nothing frozen otherwise."""
+    import gc
+
+    import autocast_onnx
+
+    model = parse(
+        """
+        tiny (float[2,4] x) => (float[2,4] y) { [fc] h = MatMul(x, w) [sm] y = Softmax(h) }""",
+        w=randn([4, 4]),
+    )
+    assert gc.get_freeze_count() == 0
+    autocast_onnx.convert(model)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        autocast_onnx.convert(model)
+        # still frozen (an unfreeze would leave 0; a few frozen objects may die meanwhile)
+        assert gc.get_freeze_count() > 0.9 * frozen
+    finally:
+        gc.unfreeze()
