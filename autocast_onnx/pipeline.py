@@ -512,7 +512,9 @@ def convert_file(
     finally:
         if spill is not None and spill.path.exists():  # save failed before renaming it
             spill.discard()
-    timings["save"] = time.perf_counter() - t - timings.get("check", 0.0) * (verify is not None)
+    timings["save"] = time.perf_counter() - t
+    if verify is not None:  # the check ran inside the save: its time is counted once, as check
+        timings["save"] -= timings.get("check", 0.0)
     if check != "none" and (big or spill is not None):  # the weights are on disk: check the written files
         check_file(out_path, full=check == "full")
     if search_log is not None:

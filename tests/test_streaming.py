@@ -86,12 +86,12 @@ def test_an_output_folder_that_is_missing_is_refused_before_streaming(tmp_path):
 
 
 def test_to_half_matches_numpy_on_both_paths():
-    from autocast_onnx.rewrite import apply
+    from autocast_onnx import dtypes
 
     rng = np.random.default_rng(0)
-    for size in (17, apply.PARALLEL_MIN + 3):  # one thread, then two
+    for size in (17, dtypes.PARALLEL_MIN + 3):  # one thread, then two
         x = (rng.standard_normal(size) * 1e3).astype(np.float32)
         x[:4] = [7e4, -7e4, np.nan, 1e-9]  # overflow to inf, NaN, flush to 0
         with np.errstate(over="ignore"):
             expected = x.astype(np.float16)
-        np.testing.assert_array_equal(apply.to_half(x), expected)
+        np.testing.assert_array_equal(dtypes.to_half(x), expected)

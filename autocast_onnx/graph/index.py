@@ -66,7 +66,7 @@ class Node:
         self.pos = pos
         self.op = op
         self.domain = domain
-        self.inputs = input_names  # replaced by list[Value | None] once resolved
+        self.inputs = input_names  # replaced by the Values (None: an omitted input) once resolved
         self.outputs = output_names  # replaced by a tuple of Value | None
         self.subscopes: tuple[Scope, ...] = ()
         self._name = None

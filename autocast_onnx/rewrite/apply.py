@@ -22,7 +22,6 @@ from ..dtypes import (
     FLOAT,
     FLOAT16,
     MIXABLE,
-    PARALLEL_MIN,  # noqa: F401  (re-exported: tests and the benchmark read it here)
     bf16_bits_to_float,
     dtype_name,
     float_to_bf16_bits,
@@ -168,30 +167,17 @@ def _insert_casts(edit: _Edit) -> None:
     index, plan, new_type = edit.index, edit.plan, edit.new_type
     keep_io = plan.keep_io_types
     roles_in, node_type = plan.roles_in, edit.node_type
-    follow, fp32, own = _FOLLOW, _FP32, PortRole.OWN.value
     for scope in index.scopes:
         for value in scope.values.values():
             dt = value.dtype
             if dt not in MIXABLE:
                 continue
             have = new_type.get(value, dt)
-            # type -> the consumers that need the tensor in a type other than `have`: the rule of
-            # plan.vocab.required_type, inlined because this runs for every port of every node
+            # type -> the consumers that need the tensor in a type other than `have`
             wanted: dict = {}
             for consumer, port in value.consumers:
-                cid = consumer.id
-                role = roles_in[cid][port]
-                if role == follow:
-                    need = node_type[cid]
-                    if need is None:
-                        need = dt
-                elif role == fp32:
-                    need = FLOAT
-                elif role == own:
-                    need = dt
-                else:
-                    continue
-                if need != have:
+                need = required_type(roles_in[consumer.id][port], node_type[consumer.id], dt)
+                if need is not None and need != have:
                     users = wanted.get(need)
                     if users is None:
                         wanted[need] = [(consumer, port)]
@@ -372,18 +358,19 @@ def _run_conversions(jobs, stats, spill=None, payloads=None) -> None:
     data rules already converted, or runs vectorised over chunks of tensors; the rest one by one.
     Sources stored as external data are read a chunk at a time, so only the converted payloads
     accumulate in memory."""
-    fast, given = [], set()
+    fast, rest = [], []
     for j in jobs:
         source = j[0]
         if source.data_type != FLOAT or j[2] != FLOAT16 or j[3]:
+            rest.append(j)
             continue
         done = payloads.pop(id(source), None) if payloads else None
         if done is not None:
             _store(source, j[1], FLOAT16, done, stats, 2 * len(done), spill)
-            given.add(id(j))
         elif source.HasField("raw_data") or is_external(source):
             fast.append(j)
-    fast_ids = {id(j) for j in fast}
+        else:
+            rest.append(j)
     if fast:
         sizes = [tensor_nbytes(j[0]) for j in fast]
         for group in chunked(sizes):
@@ -397,10 +384,7 @@ def _run_conversions(jobs, stats, spill=None, payloads=None) -> None:
                 source, copy, dst, _, _ = fast[k]
                 _store(source, copy, dst, view[offset : offset + n], stats, sizes[k], spill)
                 offset += n
-    for job in jobs:
-        if id(job) in fast_ids or id(job) in given:
-            continue
-        source, copy, dst, clamp, base_dir = job
+    for source, copy, dst, clamp, base_dir in rest:
         array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
