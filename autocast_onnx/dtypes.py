@@ -75,33 +75,6 @@ def round_trip(values: np.ndarray, elem_type: int) -> np.ndarray:
     return values
 
 
-def range_report(values: np.ndarray, elem_type: int) -> tuple[int, float, int, int]:
-    """(overflowing count, largest finite |value|, flushing count, nonzero count) of fp32 `values`
-    when converted to `elem_type`. Infinities and NaN convert exactly and are not counted.
-
-    Four passes over |values| when they are all finite (the usual weights): max, the overflow
-    count only when the max reaches it, nonzero, and below-half-the-smallest."""
-    values = np.asarray(values)
-    if values.size == 0:
-        return 0, 0.0, 0, 0
-    mag = np.abs(values.astype(np.float32, copy=False))
-    max_value, tiny = LIMITS[elem_type]
-    # Values that round past the largest finite number become inf: for fp16 that is >= 65520.
-    overflow_at = 65520.0 if elem_type == FLOAT16 else max_value
-    top = float(mag.max())
-    if np.isfinite(top):
-        largest = top
-        overflow = int(np.count_nonzero(mag >= overflow_at)) if top >= overflow_at else 0
-    else:  # NaN or inf among them: they are neither the largest finite value nor overflow
-        finite = np.isfinite(mag)
-        largest = float(mag[finite].max()) if finite.any() else 0.0
-        overflow = int(np.count_nonzero(finite & (mag >= overflow_at)))
-    nonzero = int(np.count_nonzero(mag))  # NaN counts as nonzero, as before
-    # below half the smallest subnormal, zeros excluded (NaN compares false)
-    flush = int(np.count_nonzero(mag < tiny / 2)) - (mag.size - nonzero)
-    return overflow, largest, flush, nonzero
-
-
 PARALLEL_MIN = 8 * 2**20  # elements: below this one thread converts faster than two start
 
 

@@ -30,7 +30,8 @@ def weights_at_the_edges() -> dict[str, np.ndarray]:
     cases = {
         "plain": w,
         "overflow": np.where(np.arange(32).reshape(4, 8) == 5, 70000.0, w).astype(np.float32),
-        "largest_finite": np.full((4, 8), 65519.0, np.float32),  # rounds to 65504: no overflow
+        "largest_finite": np.full((4, 8), 65519.0, np.float32),  # rounds to 65504: no headroom
+        "below_the_edge": np.full((4, 8), 65488.0, np.float32),  # the tie rounds to 65472: in range
         "first_overflow": np.full((4, 8), 65520.0, np.float32),  # rounds to inf
         "all_flush": np.full((4, 8), 1e-9, np.float32),  # an epsilon-like constant
         "boundary": np.full((4, 8), TINY, np.float32),  # becomes 0 in fp16, yet is no flush by the rule
@@ -91,9 +92,9 @@ def test_screen_by_conversion_gives_the_exact_screens_verdicts_and_numpys_bytes(
 
     assert verdicts(fast) == verdicts(plain)
     seeds = {index.nodes[i].name: s for i, s in enumerate(fast.seeds)}
-    for kept in ("add_overflow", "add_first_overflow", "add_all_flush"):
+    for kept in ("add_overflow", "add_first_overflow", "add_largest_finite", "add_all_flush"):
         assert seeds[kept] is not None, kept  # the screen found them
-    for free in ("add_plain", "add_largest_finite", "add_zeros", "add_boundary", "mm_mostly_fine"):
+    for free in ("add_plain", "add_below_the_edge", "add_zeros", "add_boundary", "mm_mostly_fine"):
         assert seeds[free] is None, free
     assert sorted(v.name for v, _ in fast.flush_notes.values()) == ["mostly_fine", "some_flush"]
     # every screened tensor left its fp16 bytes, equal to numpy's rounding

@@ -16,6 +16,7 @@ from ..diagnostics import Diagnostic
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
+from ..hazards import edge_of_stored, is_mask, range_facts, thresholds
 from ..plan.classify import constant_array
 
 LOW = (FLOAT16, BFLOAT16)
@@ -258,38 +259,28 @@ def _low_consumers(ctx, value, through=False, depth=3):
 
 
 def constant_range(ctx, check):
-    limit = LIMITS[ctx.low][0]
+    """fp32 constants that overflow in the low-precision type (hazards.py, as the converter's data
+    rules judge them) and reach low-precision arithmetic. Infinities convert exactly, so a
+    constant already stored in low precision is not judged here: an inf in it may be an intended
+    -inf mask or an overflow, and only the fp32 original tells (lint it)."""
     for value in _constants(ctx):
+        if value.dtype in LOW:
+            continue
         data = constant_array(value)
         if data is None or data.size == 0:
             continue
-        data = np.asarray(data, dtype=np.float32)
-        if value.dtype in LOW:
-            if ctx.low == FLOAT16 and np.isinf(data).any():
-                users = value.consumers
-                node = users[0][0] if users else None
-                yield ctx.diag(
-                    check,
-                    node,
-                    f"{dtype_name(value.dtype)} constant '{value.name}' holds "
-                    f"{int(np.isinf(data).sum())} inf value(s): it overflowed when it was converted",
-                    tensor=value.name,
-                )
-            continue
-        finite = data[np.isfinite(data)]
-        over = np.abs(finite) >= (65520.0 if ctx.low == FLOAT16 else limit)
-        if not over.any():
+        facts = range_facts(data, ctx.low)
+        if not facts.overflow:
             continue
         users = _low_consumers(ctx, value)
         if users:
-            biggest = float(np.abs(finite).max())
             yield ctx.diag(
                 check,
                 users[0],
-                f"constant '{value.name}' holds {int(over.sum())} value(s) beyond the "
-                f"{ctx.tname} range (largest |x| = {biggest:.4g}) and feeds {users[0].op} "
+                f"constant '{value.name}' holds {facts.overflow} value(s) beyond the "
+                f"{ctx.tname} range (largest |x| = {facts.largest:.4g}) and feeds {users[0].op} "
                 f"({ctx.where()} {ctx.tname})",
-                value=biggest,
+                value=facts.largest,
                 tensor=value.name,
             )
 
@@ -320,25 +311,36 @@ def weights_flush(ctx, check):
             )
 
 
+_EDGE_FATE = "is the lowest finite value there, and any further sum overflows to -inf"
+
+
 def masking_constant(ctx, check):
-    threshold = float(check.params.get("threshold", -65504.0))
+    """Masking constants with no headroom in the low-precision type (hazards.py, the converter's
+    judgement): an fp32 value that becomes -inf or the lowest finite value there, or a constant
+    stored in low precision at its lowest finite value, that reaches low-precision arithmetic.
+    An fp32 -inf mask is -inf in fp16 too and is not reported."""
     for value in _constants(ctx):
         data = constant_array(value)
         if data is None or data.size == 0:
             continue
-        data = np.asarray(data, dtype=np.float32)
-        lowest = float(data.min())
-        if not (lowest <= threshold):
-            continue
-        users = _low_consumers(ctx, value, through=True)
-        if users:
+        if value.dtype in LOW:
+            if not edge_of_stored(data, value.dtype):
+                continue
+            lowest = float(np.nanmin(np.where(np.isfinite(data), data, np.nan)))
+            fate = _EDGE_FATE
+        else:
+            facts = range_facts(data, ctx.low)
+            if not is_mask(facts, ctx.low):
+                continue
+            lowest = facts.lowest
+            overflows = -lowest >= thresholds(ctx.low)[1]
             fate = (
                 "is -inf there"
-                if lowest < -65504.0 or ctx.low != FLOAT16
+                if overflows
                 else "is the lowest finite value there, and any further sum overflows to -inf"
             )
-            if ctx.low == BFLOAT16:
-                fate = "keeps its huge magnitude there, so sums with it overflow or swamp the scores"
+        users = _low_consumers(ctx, value, through=True)
+        if users:
             yield ctx.diag(
                 check,
                 users[0],

@@ -12,9 +12,11 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..catalog import RuleSet
-from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, range_report, to_half
+from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, Value, signatures
+from ..hazards import range_facts, range_sentence
+from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from .model import Reason
 from .vocab import Category, PortRole, Precision, Seed
@@ -702,7 +704,8 @@ def _check_constants(values, target: int, thresholds, payloads: dict | None = No
     Initializers stored as raw bytes are screened in one vectorised pass over all of them, and
     only the suspicious ones get the exact verdict. With `payloads` (fp16 target) the screen is
     the conversion itself: a tensor is suspicious when some value became inf or NaN (overflow,
-    or was not finite) or became zero from nonzero (flush), and its fp16 bytes are kept in
+    or was not finite), landed on 65504 (no headroom: hazards.py) or became zero from nonzero
+    (flush), and its fp16 bytes are kept in
     `payloads` under id(TensorProto) for the rewrite."""
     out = {}
     sizes_in, owners = [], []
@@ -719,8 +722,8 @@ def _check_constants(values, target: int, thresholds, payloads: dict | None = No
             verdict = _verdict(value, data, target, thresholds)
             if verdict:
                 out[id(value)] = verdict
-    max_value, tiny = LIMITS[target]
-    overflow_at = 65520.0 if target == FLOAT16 else max_value
+    tiny = LIMITS[target][1]
+    edge_at = hazard_thresholds(target)[0]
     for group in chunked(sizes_in):
         # one chunk of tensors in memory at a time (external data is read here, not before)
         raws = {k: tensor_bytes(owners[k].initializer, owners[k].scope.base_dir) for k in group}
@@ -749,7 +752,7 @@ def _check_constants(values, target: int, thresholds, payloads: dict | None = No
             finite_mag = np.where(np.isfinite(mag), mag, 0.0)
             largest = np.maximum.reduceat(finite_mag, starts[keep]) if flat.size else np.zeros(0)
             smallest = np.minimum.reduceat(np.where(mag > 0, mag, np.inf), starts[keep]) if flat.size else np.zeros(0)
-        suspicious = (largest >= overflow_at) | (smallest < tiny / 2)
+        suspicious = (largest > edge_at) | (smallest < tiny / 2)
         kept = [k for k, ok in zip(group, keep) if ok]
         for j in np.nonzero(suspicious)[0]:
             k = kept[j]
@@ -763,7 +766,8 @@ def _check_constants(values, target: int, thresholds, payloads: dict | None = No
 def _screen_by_conversion(flat: np.ndarray, sizes: np.ndarray, group: list, owners: list, payloads: dict) -> list:
     """Convert one chunk of fp32 tensors (concatenated in `flat`, `sizes` elements each) to fp16,
     store each tensor's fp16 bytes in `payloads`, and return the positions (in `group`) of the
-    tensors whose conversion lost range: a value now inf or NaN, or now zero where it was not."""
+    tensors whose conversion lost range: a value now inf or NaN, or on the largest finite value
+    (no headroom left: hazards.py), or now zero where it was not."""
     half = to_half(flat)
     view = half.view(np.uint8).data
     ends = np.cumsum(sizes)
@@ -772,8 +776,8 @@ def _screen_by_conversion(flat: np.ndarray, sizes: np.ndarray, group: list, owne
         payloads[id(owners[k].initializer)] = view[2 * offset : 2 * (offset + n)]
         offset += n
     bits = half.view(np.uint16) & np.uint16(0x7FFF)
-    bits -= np.uint16(1)  # zero wraps to 0xFFFF: one comparison finds zero, inf and NaN
-    lost = np.flatnonzero(bits >= np.uint16(0x7BFF))
+    bits -= np.uint16(1)  # zero wraps to 0xFFFF: one comparison finds zero, 65504, inf and NaN
+    lost = np.flatnonzero(bits >= np.uint16(0x7BFE))
     del bits
     if lost.size:
         zero = half.view(np.uint16)[lost] & np.uint16(0x7FFF) == 0
@@ -802,14 +806,11 @@ def chunked(sizes, limit: int = CHUNK_BYTES):
 
 
 def _verdict(value: Value, data: np.ndarray, target: int, thresholds):
-    overflow, largest, flush, nonzero = range_report(data, target)
+    facts = range_facts(data, target)
+    largest, flush, nonzero = facts.largest, facts.flush, facts.nonzero
     tname = dtype_name(target)
-    if overflow:
-        return (
-            "data-range",
-            f"constant '{value.name}' holds {overflow} value(s) beyond the {tname} range (largest |x| = {largest:.4g})",
-            largest,
-        )
+    if facts.out_of_range:
+        return ("data-range", range_sentence(value.name, facts, tname), largest)
     if flush:
         small = thresholds["small_constant_elements"]
         fraction = flush / max(nonzero, 1)
