@@ -58,7 +58,7 @@ def convert(
             raise AutocastError(f"{given[0]}= has no effect without target=", None, "add target= or drop it")
         return _convert(model, **options)
     planning = {k: options[k] for k in ("precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes",
-                                        "include_nodes", "strict") if k in options}  # fmt: skip
+                                        "include_nodes", "low_precision_io", "strict") if k in options}  # fmt: skip
     plan = PlanOptions(**planning)
     validation = ValidateOptions(
         inputs=inputs, dims=dict(dims or {}), ranges=dict(ranges or {}), batches=batches, seed=seed, device=device

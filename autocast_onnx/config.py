@@ -25,7 +25,7 @@ from .errors import AutocastError
 
 VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
-PLAN_KEYS = ("rules", "precision", "keep_io_types", "exclude_op", "exclude_node", "include_node")
+PLAN_KEYS = ("rules", "precision", "keep_io_types", "exclude_op", "exclude_node", "include_node", "low_precision_io")
 ALL_KEYS = VALIDATE_KEYS + LINT_KEYS + PLAN_KEYS
 
 
@@ -89,6 +89,11 @@ def load_settings(start: Path | None = None, config: Path | None = None) -> tupl
         elif norm == "keep_io_types":
             if not isinstance(value, bool):
                 raise AutocastError(f"keep-io-types must be true or false, not {value!r}", where, "fix the value")
+        elif norm == "low_precision_io":
+            if not isinstance(value, str) or not value.strip():
+                raise AutocastError(
+                    "low-precision-io must be a regex string", where, "e.g. 'past_key_values\\..*|present\\..*'"
+                )
         elif norm in ("select", "ignore", "rules", "exclude_op", "exclude_node", "include_node"):
             if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
                 raise AutocastError(

@@ -44,6 +44,7 @@ class PlanOptions:
     exclude_ops: tuple[str, ...] = ()  # op types (or domain:op) kept fp32
     exclude_nodes: tuple[str, ...] = ()  # node-name regexes kept fp32
     include_nodes: tuple[str, ...] = ()  # node-name regexes forced low
+    low_precision_io: str | None = None  # regex: model inputs/outputs (whole names) given the low type
     strict: bool = False  # a node rule, node pattern or --exclude-op that matches nothing is an error
     source: str | None = field(default=None, compare=False)  # the configuration file, if any
 
@@ -59,6 +60,8 @@ class PlanOptions:
             object.__setattr__(self, name, tuple(str(v) for v in value))
         compile_patterns(self.exclude_nodes, "--exclude-node")
         compile_patterns(self.include_nodes, "--include-node")
+        if self.low_precision_io is not None:
+            compile_patterns([self.low_precision_io], "--low-precision-io")
         from .catalog.loader import check_op_type
 
         for op in self.exclude_ops:
@@ -78,6 +81,7 @@ class PlanOptions:
             "exclude_ops": list(self.exclude_ops),
             "exclude_nodes": list(self.exclude_nodes),
             "include_nodes": list(self.include_nodes),
+            "low_precision_io": self.low_precision_io,
             "strict": self.strict,
         }
 
@@ -91,6 +95,7 @@ def plan_options(
     exclude_ops=(),
     exclude_nodes=(),
     include_nodes=(),
+    low_precision_io=None,
     strict=None,
 ) -> PlanOptions:
     """PlanOptions from configuration `settings` (see config.load_settings) and flags: a flag that
@@ -109,6 +114,7 @@ def plan_options(
         exclude_ops=tuple(pick(tuple(exclude_ops), "exclude_op", ())),
         exclude_nodes=tuple(pick(tuple(exclude_nodes), "exclude_node", ())),
         include_nodes=tuple(pick(tuple(include_nodes), "include_node", ())),
+        low_precision_io=pick(low_precision_io, "low_precision_io", None),
         strict=bool(pick(strict, "strict", False)),
         source=settings.get("_source"),
     )

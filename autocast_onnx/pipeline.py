@@ -16,6 +16,7 @@ import onnx
 
 from .catalog import load_rules
 from .catalog.loader import check_op_type
+from .dtypes import FLOAT, dtype_name
 from .errors import AutocastError
 from .graph import build_index
 from .graph.training import TrainingGraph, might_be_training, recognise
@@ -33,6 +34,7 @@ from .io import (
 from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .plan.classify import UNMATCHED
+from .plan.model import PlanWarning
 from .report.cost import MAC_OPS, macs_of, tensor_shapes
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
@@ -146,6 +148,7 @@ def convert(
     plan: PrecisionPlan | str | os.PathLike | None = None,
     loss_scale: str | float | None = None,
     strict: bool = False,
+    low_precision_io: str | None = None,
 ) -> ConversionResult:
     """Convert a model to mixed precision.
 
@@ -157,7 +160,9 @@ def convert(
     ("dynamic", "none" or a number; default dynamic for onnxruntime-training models) puts loss
     scaling into a training graph (see rewrite/loss_scale.py). A node rule, --exclude-node,
     --include-node or --exclude-op that matches no node is a plan warning, an error with
-    `strict`. Returns the
+    `strict`. `low_precision_io` (a regex on whole names) gives the matching model inputs and
+    outputs the low-precision type, e.g. a KV cache; it must match a float input or output.
+    Returns the
     converted model, the precision plan (node -> precision and reasons) and statistics. Raises
     AutocastError on bad input.
     """
@@ -184,6 +189,7 @@ def convert(
         plan=plan,
         loss_scale=loss_scale,
         strict=strict,
+        low_precision_io=low_precision_io,
     )
 
 
@@ -194,6 +200,7 @@ _PLANNING_FLAGS = {
     "include_nodes": "--include-node",
     "calibration": "--calibration-data",
     "force_fp32": "--target",
+    "low_precision_io": "--low-precision-io",
 }
 
 
@@ -249,6 +256,7 @@ def _convert_loaded(
     loss_scale=None,
     strict=False,
     spill=None,
+    low_precision_io=None,
 ) -> ConversionResult:
     if plan is not None:
         plan = _replayed_plan(
@@ -262,6 +270,7 @@ def _convert_loaded(
                 "include_nodes": include_nodes,
                 "calibration": calibration,
                 "force_fp32": force_fp32,
+                "low_precision_io": low_precision_io,
             },
         )
         target = plan.target
@@ -293,6 +302,7 @@ def _convert_loaded(
         )
         if scale is not None:  # the backward seed became the scale: index the graph as it is now
             index = build_index(model, where, loaded.path.parent if loaded.path else None)
+        low_io, low_io_notes = _low_precision_io(index, low_precision_io, training, where) if plan is None else ([], [])
         bytes_before = _initializer_bytes(index)
         constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
         constant_bytes_before = _constant_bytes(constants)
@@ -329,7 +339,16 @@ def _convert_loaded(
                 raise AutocastError(
                     unmatched[0] + more, where, "fix the selector or drop it; without --strict it is a warning"
                 )
-            plan = paint(index, classification, target, keep_io_types, rule_set.files, order=global_order(index))
+            plan = paint(
+                index,
+                classification,
+                target,
+                keep_io_types,
+                rule_set.files,
+                order=global_order(index),
+                low_precision_io=low_io,
+            )
+            plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_io_notes)
         else:
             check_plan_fits(plan, index)
         timings["plan"] = time.perf_counter() - t
@@ -367,6 +386,45 @@ def _convert_loaded(
         macs=work,
         external_tensors=index.external_tensors,
     )
+
+
+def _low_precision_io(index, pattern: str | None, training, where: str) -> tuple[list[str], list[str]]:
+    """The model inputs and outputs whose whole name matches `pattern` (--low-precision-io), in
+    graph order, float32 ones only; and a note per other match, which is left as it is. A pattern
+    that matches no float32 input or output is an error."""
+    if pattern is None:
+        return [], []
+    (regex,) = compile_patterns([pattern], "--low-precision-io")
+    main = index.main
+    ports = [("input", v) for v in main.inputs if v.initializer is None] + [("output", v) for v in main.outputs]
+    matched = [(kind, v) for kind, v in ports if v is not None and regex.fullmatch(v.name)]
+    if training is not None and matched:
+        raise AutocastError(
+            "--low-precision-io would give the inputs or outputs of this training graph a low-precision type; "
+            "its parameters and gradients stay fp32 (master weights)",
+            where,
+            "drop --low-precision-io",
+        )
+    floats = [v.name for _, v in matched if v.dtype == FLOAT]
+    if not floats:
+        others = ", ".join(f"{kind} '{v.name}' ({dtype_name(v.dtype)})" for kind, v in matched[:3])
+        names = ", ".join(v.name for _, v in ports if v is not None)
+        raise AutocastError(
+            f"--low-precision-io {pattern!r} matches no float32 model input or output"
+            + (f" (only {others})" if others else f" (the model's are: {_clip(names)})"),
+            where,
+            "fix the regex; it must match whole names",
+        )
+    notes = [
+        f"--low-precision-io matches {kind} '{v.name}', which is {dtype_name(v.dtype)}, not float32: left as it is"
+        for kind, v in matched
+        if v.dtype != FLOAT
+    ]
+    return list(dict.fromkeys(floats)), notes
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _replayed_loss_scale(plan: PrecisionPlan, loss_scale):
@@ -561,6 +619,7 @@ def _api_options(options: dict) -> dict:
         "plan",
         "loss_scale",
         "strict",
+        "low_precision_io",
     }
     unknown = set(options) - allowed
     if unknown:
@@ -577,6 +636,7 @@ def _api_options(options: dict) -> dict:
         "force_fp32": options.get("force_fp32"),
         "loss_scale": options.get("loss_scale"),
         "strict": options.get("strict", False),
+        "low_precision_io": options.get("low_precision_io"),
     }
 
 

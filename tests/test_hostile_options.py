@@ -63,6 +63,7 @@ BATCHES = {
 RULES = {"empty": "", "directory": "{dir}", "missing": "{missing}", "invalid": "{bad_rules}"}
 CONFIG = {"empty": "", "directory": "{dir}", "missing": "{missing}", "invalid": "{bad_config}"}
 REGEX = {"empty": "", "blank": "   ", "bad_regex": "(["}
+IO_REGEX = REGEX | {"matches_nothing": "nosuch.*", "matches_no_float": "input_ids"}
 OP = {"empty": "", "blank": "   "}
 SELECTOR = {"empty": "", "blank": " ", "unknown": "ZZ999"}
 PLAN_FILE = {"empty": "", "directory": "{dir}", "missing": "{missing}", "not_a_plan": "{text}", "a_model": "{model}"}
@@ -170,6 +171,7 @@ HOSTILE = {
         "precision": choice(),
         "rules": RULES,
         "keep_io_types": NO_VALUE,
+        "low_precision_io": IO_REGEX,
         "exclude_op": OP,
         "exclude_node": REGEX,
         "include_node": REGEX,
@@ -254,6 +256,7 @@ HOSTILE = {
         "skip_validate": NO_VALUE,
         "strict": NO_VALUE,
         "keep_io_types": NO_VALUE,
+        "low_precision_io": IO_REGEX,
         "exclude_op": OP,
         "exclude_node": REGEX,
         "include_node": REGEX,
@@ -271,6 +274,7 @@ HOSTILE = {
         "include_node": REGEX,
         "calibration_data": BATCHES,
         "keep_io_types": NO_VALUE,
+        "low_precision_io": IO_REGEX,
         "config": CONFIG,
         "verbose": NO_VALUE,
     },

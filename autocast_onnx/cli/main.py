@@ -179,6 +179,17 @@ def plan_options_group(keep_io: bool = True):
                 help="Keep the types of the model's inputs and outputs [default: keep].",
             ),
         )
+        options.insert(
+            3,
+            click.option(
+                "--low-precision-io",
+                type=TEXT,
+                default=None,
+                metavar="REGEX",
+                help="Give the model inputs and outputs whose whole name matches this regex the low-precision "
+                "type (e.g. a KV cache: 'past_key_values\\..*|present\\..*').",
+            ),
+        )
     return _stack(options)
 
 
@@ -231,6 +242,7 @@ def _plan_from(settings, kw, keep_io: bool = True):
         exclude_ops=kw.get("exclude_op", ()),
         exclude_nodes=kw.get("exclude_node", ()),
         include_nodes=kw.get("include_node", ()),
+        low_precision_io=kw.get("low_precision_io") if keep_io else None,
         strict=kw.get("strict") or None,
     )
 
@@ -427,7 +439,7 @@ def _write_validation_reports(report, report_json, report_html) -> None:
 # --help lists a command's options in these named groups, in this order (by parameter name)
 OPTION_GROUPS = (
     ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top")),
-    ("Precision and rules", ("precision", "rules", "keep_io_types", "plan_file", "loss_scale")),
+    ("Precision and rules", ("precision", "rules", "keep_io_types", "low_precision_io", "plan_file", "loss_scale")),
     ("Node selection", ("exclude_op", "exclude_node", "include_node", "op_type")),
     ("Data-driven planning", ("calibration_data", "targets")),
     (
@@ -602,6 +614,7 @@ def convert(
                     "exclude_node",
                     "include_node",
                     "keep_io_types",
+                    "low_precision_io",
                     "calibration_data",
                     "targets",
                 ),

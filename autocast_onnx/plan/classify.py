@@ -286,7 +286,9 @@ def _apply_output_head(index: GraphIndex, planned, setting, macs, result: Classi
     multiply-accumulates are at most HEAD_MAX_SHARE of the model's: the output's final rounding
     before a sigmoid, softmax or argmax is where fp16 costs most, and such a head is cheap in fp32.
     A head that does much of the work (a language model's vocabulary projection, the only MatMul
-    of a small model) stays low precision, and so does one whose work is unknown.
+    of a small model) stays low precision, and so does one whose work is unknown. An output that
+    passes a float model input on before any MatMul/Gemm/Conv is state, not a head: a decoder's
+    present.* cache (Concat(past_key_values.*, k)) keeps the other rules.
 
         logits = Gemm(h, W) -> prob = Sigmoid(logits) (output) -> Gemm and Sigmoid stay fp32"""
     planned_ids = {node.id for node in planned}
@@ -306,14 +308,25 @@ def _apply_output_head(index: GraphIndex, planned, setting, macs, result: Classi
             continue
         head: list = []
         stack, seen = [value.producer], set()
-        while stack and len(head) <= HEAD_LIMIT:
+        state = None
+        while stack and len(head) <= HEAD_LIMIT and state is None:
             node = stack.pop()
             if node is None or node.id in seen or node.subscopes:
                 continue
             seen.add(node.id)
             head.append(node)
             if node.op not in HEAD_OPS:
-                stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
+                for v in node.inputs:
+                    if v is None:
+                        continue
+                    if v.producer is not None:
+                        stack.append(v.producer)
+                    elif v.kind == "input" and v.dtype in MIXABLE and v.scope is index.main:
+                        state = v
+        if state is not None:
+            log.info("output '%s' passes model input '%s' on: state (a cache), not an output head",
+                     value.name, state.name)  # fmt: skip
+            continue
         if len(head) > HEAD_LIMIT:
             report("output head of '%s' left to the other rules: over %d nodes back to a MatMul/Gemm/Conv",
                    value.name, HEAD_LIMIT)  # fmt: skip

@@ -135,9 +135,12 @@ class PrecisionPlan:
         warnings=(),
         clamp_initializers=None,
         fingerprint: str | None = None,
+        low_precision_io=(),
     ):
         self.target = Precision.target(target)
         self.keep_io_types = keep_io_types
+        # model inputs and outputs (names) given the target type (--low-precision-io)
+        self.low_precision_io: list[str] = list(low_precision_io)
         self._nodes = nodes
         self._build: Callable[[], list[NodePlan]] | None = None
         self._fingerprint = fingerprint
@@ -222,6 +225,7 @@ class PrecisionPlan:
             "version": PLAN_VERSION,
             "target": self.target.value,
             "keep_io_types": self.keep_io_types,
+            **({"low_precision_io": self.low_precision_io} if self.low_precision_io else {}),
             "model_fingerprint": self.fingerprint,
             "vocabulary": vocabulary(),
             "rule_files": self.rule_files,

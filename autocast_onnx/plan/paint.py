@@ -67,9 +67,16 @@ class _State:
 
 
 def paint(
-    index: GraphIndex, classification: Classification, target: Precision, keep_io_types: bool, rule_files=(), order=None
+    index: GraphIndex,
+    classification: Classification,
+    target: Precision,
+    keep_io_types: bool,
+    rule_files=(),
+    order=None,
+    low_precision_io=(),
 ) -> PrecisionPlan:
-    """The precision plan of `index` from its classification (see the module docstring)."""
+    """The precision plan of `index` from its classification (see the module docstring).
+    `low_precision_io`: names of model inputs and outputs that take the target type."""
     target = Precision.target(target)
     n = len(index.nodes)
     target_type = target.elem_type
@@ -79,7 +86,8 @@ def paint(
     _seed(state)
     _propagate_fp32_taint(state)
     _propagate_low(state)
-    _settle_backward(state, index, keep_io_types, order if order is not None else global_order(index))
+    low_io = frozenset(low_precision_io)
+    _settle_backward(state, index, keep_io_types, order if order is not None else global_order(index), low_io)
     precisions = _precisions(state)
     plan = PrecisionPlan(
         target=target,
@@ -88,6 +96,7 @@ def paint(
         rule_files=list(rule_files),
         warnings=[PlanWarning(c, m, n_) for c, m, n_ in classification.warnings],
         clamp_initializers=dict(classification.clamp),
+        low_precision_io=list(low_precision_io),
     )
     plan.set_lazy_nodes(
         lambda: _node_plans(state, precisions),
@@ -208,7 +217,7 @@ def _node_type(state: _State, node_id: int) -> int | None:
     return None
 
 
-def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, order: list) -> None:
+def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, order: list, low_io=frozenset()) -> None:
     """Pass 4: one walk from the graph's outputs back to its inputs, so every node sees its
     consumers' final paint. Two rules, for each node in that order:
 
@@ -242,7 +251,10 @@ def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, orde
                     needs.add(required_type(roles_in[consumer.id][port], _node_type(state, consumer.id), value.dtype))
                 for scope, _ in value.graph_outputs:
                     # subgraph outputs always keep their types; the main graph's unless told otherwise
-                    needs.add(value.dtype if keep_io_types or scope is not index.main else None)
+                    if scope is index.main and value.name in low_io:
+                        needs.add(state.target_type)
+                    else:
+                        needs.add(value.dtype if keep_io_types or scope is not index.main else None)
             needs.discard(None)
             before = paint[i]
             if len(needs) == 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from ..dtypes import MIXABLE
+from ..dtypes import FLOAT, MIXABLE
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, signatures
 from .classify import schema_role
@@ -109,6 +109,9 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
         clamp = {str(k): str(v) for k, v in dict(data.get("clamp_initializers", {})).items()}
     except (TypeError, ValueError) as exc:
         raise AutocastError(f'malformed "warnings" or "clamp_initializers": {exc}', where, _HINT) from None
+    low_io = data.get("low_precision_io", [])
+    if not (isinstance(low_io, list) and all(isinstance(n, str) for n in low_io)):
+        raise AutocastError('"low_precision_io" must be a list of input and output names', where, _HINT)
     training = data.get("training")
     if training is not None and not (isinstance(training, dict) and isinstance(training.get("loss_scaling"), dict)):
         raise AutocastError('"training" must be an object with a "loss_scaling" object', where, _HINT)
@@ -120,6 +123,7 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
         warnings=warnings,
         clamp_initializers=clamp,
         fingerprint=fingerprint,
+        low_precision_io=low_io,
     )
     plan.training = training
     return plan
@@ -156,6 +160,16 @@ def check_plan_fits(plan: PrecisionPlan, index: GraphIndex) -> None:
             where,
             _HINT,
         )
+    ports = {v.name: v for v in index.main.inputs if v.initializer is None}
+    ports.update((v.name, v) for v in index.main.outputs if v is not None)
+    for name in plan.low_precision_io:
+        value = ports.get(name)
+        if value is None or value.dtype != FLOAT:
+            raise AutocastError(
+                f"low_precision_io names {name!r}, which is not a float32 input or output of the model",
+                where,
+                "remove it from the plan's low_precision_io list",
+            )
     for entry, node in zip(plan.nodes, nodes):
         _check_entry(plan, entry, node, index, where)
         # the precision's last reason is the file that set it (one such reason, however often replayed)

@@ -26,6 +26,7 @@ def summary_dict(result) -> dict:
     return {
         "target": plan.target,
         "keep_io_types": plan.keep_io_types,
+        "low_precision_io": list(plan.low_precision_io),
         "nodes": len(plan.precisions),
         "precision": plan.counts(),
         "by_category": {c: dict(by_cat[c]) for c in CATEGORY_ORDER if c in by_cat},
@@ -89,6 +90,10 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     if in_path is not None:
         head = f"{in_path} -> {out_path}: " + head
     lines.append(head)
+    if plan.low_precision_io:
+        names = plan.low_precision_io
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+        lines.append(f"{plan.target} model inputs/outputs (--low-precision-io): {shown}")
     lines.append(f"nodes: {s['nodes']}  " + "  ".join(f"{p}: {s['precision'][p]}" for p in cols))
     width = max([len(c) for c in s["by_category"]] + [8])
     lines.append("  " + "category".ljust(width) + "".join(p.rjust(11) for p in cols))

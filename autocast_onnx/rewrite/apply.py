@@ -143,16 +143,24 @@ def _output_types(edit: _Edit) -> None:
 
 
 def _low_precision_inputs(edit: _Edit) -> None:
-    """Pass 2 (keep_io_types off): a model input that every consumer needs in the target type
-    changes its declared type instead of getting a cast.
+    """Pass 2: a model input named by low_precision_io takes the target type (consumers that
+    need fp32 get a cast); with keep_io_types off, a model input that every consumer needs in
+    the target type changes its declared type instead of getting a cast.
 
-        input x: float -> MatMul(fp16)    becomes    input x: float16 -> MatMul"""
-    if edit.plan.keep_io_types:
+        input x: float -> MatMul(fp16)    becomes    input x: float16 -> MatMul
+        low_precision_io past.0.key: float -> Concat(fp16)   becomes   past.0.key: float16 -> Concat"""
+    low_io = edit.plan.low_precision_io
+    if edit.plan.keep_io_types and not low_io:
         return
     target = edit.plan.target.elem_type
     for value in edit.index.main.inputs:
         if value.dtype not in MIXABLE or value.initializer is not None:
             continue  # an input with a default (initializer) keeps the type of its default
+        if value.name in low_io:
+            edit.new_type[value] = target
+            continue
+        if edit.plan.keep_io_types:
+            continue
         needs = {edit.need(c, p, value) for c, p in value.consumers} - {None}
         if needs == {target} and not value.graph_outputs:
             edit.new_type[value] = target
@@ -166,6 +174,7 @@ def _insert_casts(edit: _Edit) -> None:
         graph output y produced in fp16       becomes   y_fp16 = Op(...); y = Cast(y_fp16, to=FLOAT)"""
     index, plan, new_type = edit.index, edit.plan, edit.new_type
     keep_io = plan.keep_io_types
+    low_io, target = frozenset(plan.low_precision_io), plan.target.elem_type
     roles_in, node_type = plan.roles_in, edit.node_type
     for scope in index.scopes:
         for value in scope.values.values():
@@ -184,7 +193,9 @@ def _insert_casts(edit: _Edit) -> None:
                     else:
                         users.append((consumer, port))
             out_need = None
-            if value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
+            if value.graph_outputs and low_io and value.scope is index.main and value.name in low_io:
+                out_need = target if have != target else None  # a low-precision model output
+            elif value.graph_outputs and have != value.dtype and (keep_io or value.scope is not index.main):
                 out_need = value.dtype
             if not wanted and out_need is None:
                 continue
@@ -264,13 +275,23 @@ def _declare_types(edit: _Edit) -> None:
                 t = changed.get(vi.name)
                 if t is not None and vi.type.HasField("tensor_type"):
                     vi.type.tensor_type.elem_type = t
-        if scope is index.main and not edit.plan.keep_io_types:
+        low_io = edit.plan.low_precision_io
+        if scope is index.main and (low_io or not edit.plan.keep_io_types):
+            keep = edit.plan.keep_io_types
+            target = edit.plan.target.elem_type
             for vi in scope.graph.input:
                 v = scope.values.get(vi.name)
-                if v in edit.new_type:
+                if v in edit.new_type and (not keep or vi.name in low_io):
                     vi.type.tensor_type.elem_type = edit.new_type[v]
+            for vi in scope.graph.value_info:  # a low-precision output restored by a cast
+                if vi.name in low_io and vi.type.HasField("tensor_type"):
+                    vi.type.tensor_type.elem_type = target
             for vi, v in zip(scope.graph.output, scope.outputs):
-                if v in edit.new_type and vi.type.HasField("tensor_type"):
+                if not vi.type.HasField("tensor_type"):
+                    continue
+                if vi.name in low_io:
+                    vi.type.tensor_type.elem_type = target
+                elif not keep and v in edit.new_type:
                     vi.type.tensor_type.elem_type = edit.new_type[v]
 
 
