@@ -48,6 +48,15 @@ class RangeFacts:
         return self.overflow + self.edge
 
 
+# Ops that pass a constant's values on to their output (moved, selected, broadcast, or summed
+# with small values): an out-of-range mask read through them is still out of range. The linter's
+# AC203 follows a mask through them, and the converter keeps their low-precision readers fp32.
+PASS_ON_OPS = frozenset(
+    {"Cast", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Where", "Mul", "Sub", "Add", "Identity", "Concat",
+     "Tile", "Slice", "Transpose"}
+)  # fmt: skip
+
+
 def thresholds(elem_type: int) -> tuple[float, float]:
     """(edge_at, overflow_at): finite |x| above the first lands on the largest finite value of
     `elem_type`, at or above the second becomes inf."""

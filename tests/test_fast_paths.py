@@ -47,21 +47,17 @@ def weights_at_the_edges() -> dict[str, np.ndarray]:
 
 
 def model_of(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    lines = []
-    prev = "x"
+    """One Add (or MatMul) per weight, each reading the model input: a verdict on one weight cannot
+    reach another's node (an out-of-range value is followed through Add)."""
+    lines, outs = [], []
     for k, (name, arr) in enumerate(weights.items()):
-        shape = arr.shape
-        lines.append(
-            f"[add_{name}] a{k} = Add({prev}, {name})" if shape == (4, 8) else f"[mm_{name}] a{k} = MatMul(x64, {name})"
-        )
-        if shape == (4, 8):
-            prev = f"a{k}"
-    outs = [f"a{k}" for k, arr in enumerate(weights.values()) if arr.shape != (4, 8)]
+        small = arr.shape == (4, 8)
+        lines.append(f"[add_{name}] a{k} = Add(x, {name})" if small else f"[mm_{name}] a{k} = MatMul(x64, {name})")
+        outs.append(f"float[4,8] a{k}" if small else f"float[2,8] a{k}")
     body = "\n".join(lines)
-    out_sig = ", ".join([f"float[4,8] {prev}"] + [f"float[2,8] {o}" for o in outs])
     return parse(
         f"""
-        edges (float[4,8] x, float[2,64] x64) => ({out_sig}) {{
+        edges (float[4,8] x, float[2,64] x64) => ({", ".join(outs)}) {{
             {body}
         }}""",
         **weights,

@@ -16,26 +16,11 @@ from ..diagnostics import Diagnostic
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
-from ..hazards import edge_of_stored, is_mask, range_facts, thresholds
+from ..hazards import PASS_ON_OPS, edge_of_stored, is_mask, range_facts, thresholds
 from ..plan.classify import constant_array
 
 LOW = (FLOAT16, BFLOAT16)
-MOVE_OPS = {
-    "Cast",
-    "Expand",
-    "Reshape",
-    "Unsqueeze",
-    "Squeeze",
-    "Where",
-    "Mul",
-    "Sub",
-    "Add",
-    "Identity",
-    "Concat",
-    "Tile",
-    "Slice",
-    "Transpose",
-}
+MOVE_OPS = PASS_ON_OPS  # what a masking constant is followed through (shared with the converter)
 
 
 class LintContext:

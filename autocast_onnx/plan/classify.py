@@ -15,7 +15,7 @@ from ..catalog import RuleSet
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, Value, signatures
-from ..hazards import range_facts, range_sentence
+from ..hazards import PASS_ON_OPS, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from .model import Reason
@@ -559,13 +559,13 @@ def _propagate_range_through_clear_ops(
                 continue
             if result.roles_in[j][port] not in (_FOLLOW + _ANY) or categories[j] == Category.NON_FLOAT:
                 continue
-            if categories[j] == Category.CLEAR:
+            if categories[j] == Category.CLEAR or (consumer.op in PASS_ON_OPS and consumer.domain in ("", "ai.onnx")):
                 ro = result.roles_out[j]
                 for k, out in enumerate(consumer.outputs):
                     if out is not None and ro[k] == _FOLLOW:
                         work.append((out, source, verdict, consumer))
-            if via is None or seeds[j] in (Seed.DENY, Seed.ALLOW):
-                continue  # direct readers were judged by the data rules already
+            if via is None or seeds[j] in (Seed.DENY, Seed.ALLOW) or categories[j] == Category.KEEP_FP32:
+                continue  # direct readers were judged by the data rules already; fp32 ops stay fp32
             seeds[j] = Seed.DENY
             result.reasons[j].append(
                 Reason(

@@ -227,6 +227,15 @@ def _keep_graph_output(edit: _Edit, value, have: int, out_need: int) -> str:
     restores the original name. Returns the renamed tensor."""
     internal = edit.names.fresh(f"{value.name}_{dtype_name(have)}")
     value.producer.proto.output[value.out_port] = internal
+    # declare the renamed tensor: an op whose output type no input binds (MultiHeadAttention's
+    # qk) cannot be typed by ONNX Runtime without it
+    for scope, k in value.graph_outputs:
+        if scope is value.scope and scope.graph.output[k].type.HasField("tensor_type"):
+            declared = scope.graph.value_info.add()
+            declared.CopyFrom(scope.graph.output[k])
+            declared.name = internal
+            declared.type.tensor_type.elem_type = have
+            break
     for consumer, port in value.consumers:
         need = edit.need(consumer, port, value)
         if need is None or need == have:
