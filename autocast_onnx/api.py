@@ -141,6 +141,11 @@ class ValidationReport(Mapping):
     def speed(self) -> dict | None:
         return self.data.get("speed")
 
+    @property
+    def generation(self) -> dict | None:
+        """Causal LMs: greedy-continuation agreement (see docs/validate-report.schema.json), else None."""
+        return self.data.get("generation")
+
     def to_dict(self) -> dict:
         return self.data
 
@@ -187,9 +192,11 @@ def validate(
     iterations: int = 20,
     warmup: int = 3,
     strict: bool = False,
+    generate: int = 16,
 ) -> ValidationReport:
     """Compare `converted` against `reference` (paths or ModelProtos), as `autocast-onnx validate`:
-    per-output accuracy on `inputs` (an .npz file or folder) or generated batches, and speed.
+    per-output accuracy on `inputs` (an .npz file or folder) or generated batches, and speed. For a
+    causal LM, `generate` tokens of greedy continuation are compared too (0: none).
     Thresholds left None take the CLI's defaults (rtol 0.01, min_cosine 0.999, min_top1 0.99)."""
     from .options import check_threshold
     from .validate.core import ValidateOptions
@@ -201,6 +208,10 @@ def validate(
             "dims=, ranges=, batches= and seed= have no effect with inputs= (the arrays are used as they are)",
             None,
             "drop them, or drop inputs= to generate inputs",
+        )
+    if isinstance(generate, bool) or not isinstance(generate, int) or not 0 <= generate <= 1024:
+        raise AutocastError(
+            f"generate= must be a whole number from 0 to 1024, not {generate!r}", None, "e.g. generate=16"
         )
     thresholds = Thresholds()
     for key, value in (("atol", atol), ("rtol", rtol), ("min_cosine", min_cosine), ("min_top1", min_top1)):
@@ -221,6 +232,7 @@ def validate(
         warmup=warmup,
         class_outputs=list(class_outputs),
         strict=strict,
+        generate=generate,
     )
     return ValidationReport(_validate(reference, converted, options))
 

@@ -176,6 +176,7 @@ def validate_options(settings: dict | None = None, **flags):
         iterations=flags.get("iterations", 20),
         warmup=flags.get("warmup", 3),
         class_outputs=list(flags.get("class_outputs", ())),
+        generate=flags.get("generate", 16),
         strict=bool(flags.get("strict") or settings.get("strict", False)),
     )
 

@@ -142,6 +142,16 @@ VALIDATION = {
     "min_top1": threshold(False, False, "-0.5") | {"above_one": "1.5"},
     "class_outputs": {"empty": "", "blank": " ", "unknown": "nosuch"},
     "speed": NO_VALUE,
+    "generate": {
+        "negative": "-1",
+        "zero": Valid("no greedy continuation is legitimate"),
+        "nan": "nan",
+        "inf": "inf",
+        "huge": ["1025", str(10**30)],
+        "not_a_number": "abc",
+        "empty": "",
+        "fraction": "1.5",
+    },
     "iterations": {
         "negative": "-1",
         "zero": "0",

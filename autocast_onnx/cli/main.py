@@ -96,6 +96,7 @@ class _TextType(click.ParamType):
 PATH = _PathType(path_type=Path)
 TEXT = _TextType()
 MAX_BATCHES, MAX_ITERATIONS, MAX_WARMUP = 10_000, 1_000_000, 100_000
+MAX_GENERATE = 1024  # tokens of greedy continuation: beyond a small model's positions ONNX Runtime says so
 
 
 # ---- option groups (each owns its options; commands stack the groups they need) ----------------
@@ -334,6 +335,13 @@ def validation_options(f):
                 type=TEXT,
                 help="Treat this output as class scores (top-1/top-k).",
             ),
+            click.option(
+                "--generate",
+                type=click.IntRange(0, MAX_GENERATE),
+                default=16,
+                show_default=True,
+                help="Causal LMs: tokens of greedy continuation to compare (0: none).",
+            ),
             click.option("--speed/--no-speed", default=True, show_default=True, help="Measure latency and speed-up."),
             click.option(
                 "--iterations",
@@ -358,6 +366,7 @@ _COMPARE_ONLY = (
     "min_cosine",
     "min_top1",
     "class_outputs",
+    "generate",
     "speed",
     "iterations",
     "warmup",
@@ -446,7 +455,7 @@ OPTION_GROUPS = (
         "Validation inputs",
         ("run_validate", "skip_validate", "inputs", "dims", "ranges", "batches", "seed", "device", "numerics"),
     ),
-    ("Accuracy thresholds", ("atol", "rtol", "min_cosine", "min_top1", "class_outputs", "strict")),
+    ("Accuracy thresholds", ("atol", "rtol", "min_cosine", "min_top1", "class_outputs", "generate", "strict")),
     ("Speed", ("speed", "iterations", "warmup")),
     ("Lint", ("select", "ignore", "fail_on", "exit_zero", "statistics", "show_protected", "baseline")),
     ("Reports", ("report_json", "report_html", "sarif", "plan_out_json")),

@@ -55,6 +55,10 @@ def check_summary(report: dict) -> str:
             f"  validate ({v['numerics']} on {v['device']}): {'pass' if v['passed'] else 'FAIL'}; worst "
             f"relative error {worst['relative_error']:.3g} ({worst['name']}){speed}"
         )
+        gen = v.get("generation")
+        if gen:
+            agree = ", ".join(f"{a}/{gen['tokens']}" for a in gen["agreeing_tokens"])
+            lines.append(f"  greedy continuation: tokens agreeing before the first divergence {agree}")
     gate = report["gate"]
     for d in gate["new_findings"][:10]:
         lines.append(

@@ -119,7 +119,7 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     # Changes beyond the plan's casts, said out loud.
     if stats.outputs_renamed:
         names = ", ".join(stats.outputs_renamed[:5]) + (" ..." if len(stats.outputs_renamed) > 5 else "")
-        lines.append(f"graph outputs now written by a Cast back to their type (producer output renamed): {names}")
+        lines.append(f"graph outputs now written by a Cast to their declared type (producer output renamed): {names}")
     if stats.graphs_sorted:
         lines.append(
             f"graphs that were not topologically sorted and were written sorted: {', '.join(stats.graphs_sorted)}"

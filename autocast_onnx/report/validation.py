@@ -41,6 +41,14 @@ def validation_text(report: dict) -> str:
     )
     t = report["thresholds"]
     lines.append("thresholds: " + ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in t.items() if v is not None))
+    gen = report.get("generation")
+    if gen:
+        agree = ", ".join(f"{a}/{gen['tokens']}" for a in gen["agreeing_tokens"])
+        lines.append(
+            f"greedy continuation ({gen['tokens']} tokens after {gen['prompts']} prompt(s) of {gen['prompt_length']}"
+            f"{', with the KV cache' if gen['cache'] else ''}): tokens agreeing before the first divergence {agree}"
+            + (" (all agree)" if gen["all_agree"] else "")
+        )
     speed = report.get("speed")
     if speed:
         r, c = speed["reference"], speed["converted"]

@@ -15,7 +15,7 @@ from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
 from ..io import load_model
-from . import runner
+from . import generation, runner
 from .emulate import emulation_model
 from .inputs import describe_inputs, generate, load_batches, plan_inputs
 from .metrics import OutputStats, Thresholds, verdict
@@ -42,6 +42,7 @@ class ValidateOptions:
     warmup: int = 3
     class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
     strict: bool = False  # a comparison that compares nothing (see `warnings`) fails
+    generate: int = 16  # causal LMs: tokens of greedy continuation to compare (0: none)
 
 
 def _load(model, label):
@@ -90,11 +91,13 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
             "compare a model with its own conversion",
         )
     plan = plan_inputs(specs, options.dims, options.ranges)
+    lm = generation.recognise(ref_model)
+    cached = lm is not None and lm.has_cache and not options.inputs
     if options.inputs:
         batches = load_batches(options.inputs, specs)
         plan.source = str(options.inputs)
         plan.dims, plan.dim_defaults = {}, []  # the arrays' own shapes apply (see inputs.specs)
-    else:
+    elif not cached:
         batches = [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
 
     # From the file when there is one: serializing a large parsed model again costs seconds.
@@ -122,6 +125,18 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     if loading:
         loading.update(1)
         loading.finish()
+    if cached and lm is not None:
+        # a KV cache is realistic only when a model wrote it: the reference reads a prompt with an
+        # empty cache, and its cache comes back with new tokens (in the converted model's types)
+        batches = [
+            generation.cached_batch(lm, ref_sess, generation.BATCH, generation.PROMPT_LENGTH, 4, options.seed + k)
+            for k in range(max(1, options.batches))
+        ]
+        plan.source = (
+            f"generated for a causal LM with a KV cache: the reference's cache of a {generation.PROMPT_LENGTH}-token "
+            "prompt, then 4 new tokens"
+        )
+        plan.dims, plan.dim_defaults = {}, []
     ref_names = [o.name for o in ref_sess.get_outputs()]
     conv_names = [o.name for o in conv_sess.get_outputs()]
     if ref_names != conv_names:
@@ -149,6 +164,14 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
             loop.update(1)
     if loop:
         loop.finish()
+
+    continuation = None
+    if lm is not None and options.generate > 0:
+        work = progress(f"greedy continuation ({options.generate} tokens)", 1) if progress else None
+        continuation = generation.agreement(lm, ref_sess, conv_sess, options.generate, generation.BATCH, options.seed)
+        if work:
+            work.update(1)
+            work.finish()
 
     outputs = []
     for s in stats:
@@ -225,6 +248,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "warnings": warnings,
         "strict": options.strict,
         "passed": all(o["passed"] for o in outputs) and not (options.strict and warnings),
+        "generation": continuation,
         "speed": speed,
         "speed_skipped": speed_skipped,
         "precision_by_op": by_op,

@@ -26,6 +26,7 @@ INTS = (TensorProto.INT64, TensorProto.INT32)
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 DEFAULT_TOKENS = 16
 PROMPT_LENGTH = 8
+BATCH = 2  # prompts: one full, one left-padded
 
 
 @dataclass
@@ -109,10 +110,6 @@ def step_feeds(lm: CausalLM, sess, ids: np.ndarray, mask: np.ndarray, past: dict
         feeds[lm.position_ids] = _positions(mask, done, ids.shape[1])
     for name, _, (heads, head_dim) in lm.cache:
         feeds[name] = past[name] if past is not None else np.zeros((ids.shape[0], heads, 0, head_dim), np.float32)
-    return runner.feeds_for(sess, feeds)
-
-
-def _cast_inputs(lm: CausalLM, sess, feeds: dict) -> dict:
     return runner.feeds_for(sess, feeds)
 
 
