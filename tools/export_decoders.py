@@ -46,7 +46,6 @@ import hashlib
 import inspect
 import logging
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,12 +58,10 @@ from torch.export import Dim
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_models import (  # sibling script in tools/
-    EXPORT_OPSET,
     TARGET_OPSET,
-    finalize_model,
-    optimize_graph,
     seed_everything,
 )
+from export_models import export as export_module
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO_ROOT / "tests" / "data" / "decoders"
@@ -213,26 +210,8 @@ def positions_from_mask(mask: np.ndarray) -> np.ndarray:
 # export
 # --------------------------------------------------------------------------
 def export(module, args, path, input_names, output_names, dynamic_shapes, doc) -> onnx.ModelProto:
-    module.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prog = torch.onnx.export(
-            module,
-            args,
-            None,
-            dynamo=True,
-            opset_version=EXPORT_OPSET,
-            input_names=input_names,
-            output_names=output_names,
-            dynamic_shapes=dynamic_shapes,
-            external_data=False,
-            optimize=False,
-            verbose=False,
-        )
-    model = finalize_model(optimize_graph(prog.model), strip_first_scope=True, doc=doc)
-    model.graph.name = path.stem
-    onnx.save_model(model, str(path))
-    return model
+    """export_models.export, with the first module scope stripped from node names."""
+    return export_module(module, args, path, input_names, output_names, dynamic_shapes, True, doc)
 
 
 def describe_config(model: nn.Module) -> str:
