@@ -112,11 +112,3 @@ def is_mask(facts: RangeFacts, elem_type: int) -> bool:
     """A masking constant whose low-precision copy has lost its headroom: its most negative finite
     value overflows to -inf or lands on the lowest finite value of `elem_type`."""
     return facts.lowest < 0 and -facts.lowest > thresholds(elem_type)[0]
-
-
-def edge_of_stored(values: np.ndarray, elem_type: int) -> bool:
-    """Whether low-precision `values` (already stored in `elem_type`, read back as fp32) hold the
-    lowest finite value of the type: a mask with no headroom left."""
-    values = np.asarray(values, dtype=np.float32)
-    finite = values[np.isfinite(values)]
-    return bool(finite.size) and float(finite.min()) <= -LIMITS[elem_type][0]

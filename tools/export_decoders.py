@@ -58,7 +58,8 @@ from torch.export import Dim
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_models import (  # sibling script in tools/
-    TARGET_OPSET,
+    check_file,
+    ort_session,
     seed_everything,
 )
 from export_models import export as export_module
@@ -242,24 +243,6 @@ def describe_config(model: nn.Module) -> str:
 # --------------------------------------------------------------------------
 # checks
 # --------------------------------------------------------------------------
-def ort_session(path: Path) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def check_file(path: Path) -> onnx.ModelProto:
-    model = onnx.load(str(path))
-    onnx.checker.check_model(model, full_check=True)
-    for imp in model.opset_import:
-        assert imp.domain in ("", "ai.onnx") and imp.version == TARGET_OPSET, imp
-    for node in model.graph.node:
-        assert node.domain in ("", "ai.onnx"), f"non-standard op {node.domain}::{node.op_type}"
-    size = path.stat().st_size
-    assert size < MAX_FILE_BYTES, f"{path.name} is {size} bytes"
-    return model
-
-
 def compare(sess: ort.InferenceSession, torch_fn, feeds: dict[str, np.ndarray], label: str) -> float:
     got = sess.run(None, feeds)
     with torch.no_grad():
@@ -516,7 +499,7 @@ def build_plain(arch: str) -> dict:
         ({0: batch, 1: seq}, {0: batch, 1: seq}),
         doc=f"{arch}: {config}; random init (seed {SEED}); no KV cache",
     )
-    onnx_model = check_file(path)
+    onnx_model = check_file(path, MAX_FILE_BYTES)
     sess = ort_session(path)
     rng = np.random.default_rng(SEED + 1)
     worst = 0.0
@@ -557,7 +540,7 @@ def build_kv(arch: str) -> dict:
         ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, tuple({0: batch, 2: past_seq} for _ in past)),
         doc=f"{arch}_kv: {config}; random init (seed {SEED}); KV cache in/out (DynamicCache)",
     )
-    onnx_model = check_file(path)
+    onnx_model = check_file(path, MAX_FILE_BYTES)
     sess = ort_session(path)
 
     rng = np.random.default_rng(SEED + 2)

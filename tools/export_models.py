@@ -300,11 +300,8 @@ def export(
     return model
 
 
-def check_and_compare(
-    path: Path,
-    torch_fn,
-    feeds_list: list[dict[str, np.ndarray]],
-) -> dict:
+def check_file(path: Path, max_bytes: int = MAX_BYTES) -> onnx.ModelProto:
+    """The written model, after the full checker: opset 17, standard ops only, under `max_bytes`."""
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
     for imp in model.opset_import:
@@ -312,9 +309,18 @@ def check_and_compare(
     for node in model.graph.node:
         assert node.domain in ("", "ai.onnx"), f"non-standard op {node.domain}::{node.op_type}"
     size = path.stat().st_size
-    assert size < MAX_BYTES, f"{path.name} is {size} bytes"
+    assert size < max_bytes, f"{path.name} is {size} bytes"
+    return model
 
-    sess = _ort_session(path)
+
+def check_and_compare(
+    path: Path,
+    torch_fn,
+    feeds_list: list[dict[str, np.ndarray]],
+) -> dict:
+    model = check_file(path)
+    size = path.stat().st_size
+    sess = ort_session(path)
     out_names = [o.name for o in sess.get_outputs()]
     worst = 0.0
     for feeds in feeds_list:
@@ -371,7 +377,7 @@ def report_large_constants(model: onnx.ModelProto) -> None:
             )
 
 
-def _ort_session(path: Path) -> ort.InferenceSession:
+def ort_session(path: Path) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
@@ -380,7 +386,7 @@ def _ort_session(path: Path) -> ort.InferenceSession:
 def check_bert_mask(path: Path) -> None:
     """The padding mask really is in the graph: tokens behind attention_mask=0
     must not influence the other positions' hidden states."""
-    sess = _ort_session(path)
+    sess = ort_session(path)
     rng = np.random.default_rng(7)
     ids = rng.integers(1, 1000, (2, 12)).astype(np.int64)
     mask = np.ones((2, 12), np.int64)
@@ -404,7 +410,7 @@ def check_bert_mask(path: Path) -> None:
 def check_gpt2_mask(path: Path) -> None:
     """Causal mask: later tokens do not change earlier logits.  Padding mask:
     left-padded tokens do not change the real positions' logits."""
-    sess = _ort_session(path)
+    sess = ort_session(path)
     rng = np.random.default_rng(8)
     ids = rng.integers(0, 1000, (2, 12)).astype(np.int64)
     mask = np.ones((2, 12), np.int64)

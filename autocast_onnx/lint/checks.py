@@ -16,11 +16,10 @@ from ..diagnostics import Diagnostic
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
-from ..hazards import PASS_ON_OPS, edge_of_stored, is_mask, range_facts, thresholds
+from ..hazards import PASS_ON_OPS, is_mask, range_facts, range_sentence, thresholds
 from ..plan.classify import constant_array
 
 LOW = (FLOAT16, BFLOAT16)
-MOVE_OPS = PASS_ON_OPS  # what a masking constant is followed through (shared with the converter)
 
 
 class LintContext:
@@ -236,7 +235,7 @@ def _low_consumers(ctx, value, through=False, depth=3):
                     continue
             if ctx.is_low(node) and not (node.op == "Cast" and ctx.mode == "actual"):
                 out.append(node)
-            if through and d < depth and node.op in MOVE_OPS:
+            if through and d < depth and node.op in PASS_ON_OPS:  # what the converter follows too
                 for o in node.outputs:
                     if o is not None:
                         stack.append((o, d + 1))
@@ -262,9 +261,7 @@ def constant_range(ctx, check):
             yield ctx.diag(
                 check,
                 users[0],
-                f"constant '{value.name}' holds {facts.overflow} value(s) beyond the "
-                f"{ctx.tname} range (largest |x| = {facts.largest:.4g}) and feeds {users[0].op} "
-                f"({ctx.where()} {ctx.tname})",
+                f"{range_sentence(value.name, facts, ctx.tname)} and feeds {users[0].op} ({ctx.where()} {ctx.tname})",
                 value=facts.largest,
                 tensor=value.name,
             )
@@ -308,22 +305,17 @@ def masking_constant(ctx, check):
         data = constant_array(value)
         if data is None or data.size == 0:
             continue
-        if value.dtype in LOW:
-            if not edge_of_stored(data, value.dtype):
+        if value.dtype in LOW:  # already stored low: only a value on the edge can be judged
+            lowest = range_facts(data, value.dtype).lowest
+            if lowest > -LIMITS[value.dtype][0]:
                 continue
-            lowest = float(np.nanmin(np.where(np.isfinite(data), data, np.nan)))
             fate = _EDGE_FATE
         else:
             facts = range_facts(data, ctx.low)
             if not is_mask(facts, ctx.low):
                 continue
             lowest = facts.lowest
-            overflows = -lowest >= thresholds(ctx.low)[1]
-            fate = (
-                "is -inf there"
-                if overflows
-                else "is the lowest finite value there, and any further sum overflows to -inf"
-            )
+            fate = "is -inf there" if -lowest >= thresholds(ctx.low)[1] else _EDGE_FATE
         users = _low_consumers(ctx, value, through=True)
         if users:
             yield ctx.diag(

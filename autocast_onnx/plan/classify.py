@@ -112,7 +112,7 @@ def classify(
          a schema without the target type seeds SCHEMA;
       3. node-name rules and command-line selections seed DENY or ALLOW;
       4. calibration ranges (`ranges`, tensor name -> TensorRange) seed DENY;
-      5. data rules: out-of-range and flushing constants seed DENY, also through clear ops.
+      5. data rules: out-of-range and flushing constants seed DENY, also through the ops that pass them on.
 
     `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it).
     With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
@@ -134,7 +134,7 @@ def classify(
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
     pending = _apply_data_rules(planned, target, rules.thresholds, result, payloads)
-    _propagate_range_through_clear_ops(result, pending, index, target, rules.thresholds)
+    _propagate_range(result, pending, index, target, rules.thresholds)
     return result
 
 
@@ -452,7 +452,7 @@ def _apply_calibration(index, planned, ranges, target: Precision, thresholds, re
 def _apply_data_rules(planned, target: Precision, thresholds, result: Classification, payloads=None) -> list:
     """Pass 5: constants a node would convert (fp32 initializers and Constant outputs at a FOLLOW
     port) go through the data rules in one vectorised batch. Returns the (node, value) pairs
-    checked, for the propagation through clear ops.
+    checked, for the propagation through the ops that pass them on.
 
         Add(scores, mask) with mask = -3.4e38             -> Seed.DENY, reason "data-range"
         Add(var, eps) with eps = 1e-12 at fp16             -> Seed.DENY, reason "data-flush"
@@ -512,15 +512,15 @@ def is_constant(value: Value) -> bool:
     return value.initializer is not None or (value.producer is not None and value.producer.op == "Constant")
 
 
-def _propagate_range_through_clear_ops(
-    result: Classification, checked, index: GraphIndex, target: Precision, thresholds
-) -> None:
-    """Pass 5, continued. A clear op (Transpose, Reshape, Identity, ...) passes an out-of-range
-    constant on unchanged, and so does a Loop or Scan that takes it as a loop-carried or scanned
-    input: whatever reads the copy in low precision would overflow too. Such readers of any
-    category stay fp32, with the constant named in the reason.
+def _propagate_range(result: Classification, checked, index: GraphIndex, target: Precision, thresholds) -> None:
+    """Pass 5, continued. A clear op (Transpose, Reshape, Identity, ...) or an op of
+    hazards.PASS_ON_OPS (Where, Expand, Add, ...: the set the linter's AC203 follows) passes an
+    out-of-range constant on, and so does a Loop or Scan that takes it as a loop-carried or
+    scanned input: whatever reads the result in low precision would overflow too. Such readers of
+    any category but keep_fp32 stay fp32, with the constant and the op named in the reason.
 
-        mask(-3.4e38) -> Transpose -> Add(scores, .)   the Add -> Seed.DENY "reads 'mask' through Transpose" """
+        mask(-3.4e38) -> Transpose -> Add(scores, .)   the Add -> Seed.DENY "reads 'mask' through Transpose"
+        Where(c, 0, -3.4e38) -> Expand -> MultiHeadAttention   -> Seed.DENY "reads '...' through Expand" """
     work = []
     for _, value, verdict in checked:
         if verdict is not None and verdict[0] == "data-range":

@@ -149,7 +149,7 @@ def _low_precision_inputs(edit: _Edit) -> None:
 
         input x: float -> MatMul(fp16)    becomes    input x: float16 -> MatMul
         low_precision_io past.0.key: float -> Concat(fp16)   becomes   past.0.key: float16 -> Concat"""
-    low_io = edit.plan.low_precision_io
+    low_io = frozenset(edit.plan.low_precision_io)
     if edit.plan.keep_io_types and not low_io:
         return
     target = edit.plan.target.elem_type
@@ -272,8 +272,9 @@ def _retarget_attributes(edit: _Edit) -> None:
 
 def _declare_types(edit: _Edit) -> None:
     """Pass 6: declared types follow: value_info entries, and the model's own inputs and outputs
-    when keep_io_types is off."""
+    when keep_io_types is off or low_precision_io names them."""
     index = edit.index
+    low_io = frozenset(edit.plan.low_precision_io)
     by_scope: dict[int, dict] = {}
     for value, t in edit.new_type.items():
         by_scope.setdefault(value.scope.id, {})[value.name] = t
@@ -284,7 +285,6 @@ def _declare_types(edit: _Edit) -> None:
                 t = changed.get(vi.name)
                 if t is not None and vi.type.HasField("tensor_type"):
                     vi.type.tensor_type.elem_type = t
-        low_io = edit.plan.low_precision_io
         if scope is index.main and (low_io or not edit.plan.keep_io_types):
             keep = edit.plan.keep_io_types
             target = edit.plan.target.elem_type

@@ -129,12 +129,14 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         # a KV cache is realistic only when a model wrote it: the reference reads a prompt with an
         # empty cache, and its cache comes back with new tokens (in the converted model's types)
         batches = [
-            generation.cached_batch(lm, ref_sess, generation.BATCH, generation.PROMPT_LENGTH, 4, options.seed + k)
+            generation.cached_batch(
+                lm, ref_sess, generation.BATCH, generation.PROMPT_LENGTH, generation.NEW_TOKENS, options.seed + k
+            )
             for k in range(max(1, options.batches))
         ]
         plan.source = (
             f"generated for a causal LM with a KV cache: the reference's cache of a {generation.PROMPT_LENGTH}-token "
-            "prompt, then 4 new tokens"
+            f"prompt, then {generation.NEW_TOKENS} new tokens"
         )
         plan.dims, plan.dim_defaults = {}, []
     ref_names = [o.name for o in ref_sess.get_outputs()]

@@ -27,6 +27,7 @@ FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 DEFAULT_TOKENS = 16
 PROMPT_LENGTH = 8
 BATCH = 2  # prompts: one full, one left-padded
+NEW_TOKENS = 4  # tokens after a written cache, in the per-logit comparison
 
 
 @dataclass
