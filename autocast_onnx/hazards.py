@@ -95,6 +95,21 @@ def range_facts(values: np.ndarray, elem_type: int) -> RangeFacts:
     return RangeFacts(overflow, edge, largest, lowest, flush, nonzero)
 
 
+def fp16_lost(flat: np.ndarray, half: np.ndarray) -> np.ndarray:
+    """The positions where converting fp32 `flat` to fp16 `half` lost something: a value now inf
+    or NaN (overflow, or not finite before), on the largest finite value (the edge), or zero
+    where it was not (flush). The screen that picks the constants range_facts then judges
+    exactly; most weights have no such position, so it is bit tests on the fp16 values alone."""
+    bits = half.view(np.uint16) & np.uint16(0x7FFF)
+    bits -= np.uint16(1)  # zero wraps to 0xFFFF: one comparison finds zero, 65504, inf and NaN
+    lost = np.flatnonzero(bits >= np.uint16(0x7BFE))
+    del bits
+    if lost.size:
+        zero = half.view(np.uint16)[lost] & np.uint16(0x7FFF) == 0
+        lost = lost[~zero | (flat[lost] != 0)]  # an exact zero stays exact
+    return lost
+
+
 def range_sentence(name: str, facts: RangeFacts, tname: str) -> str:
     """The data-range reason of a constant, in the words both the plan and the lint use."""
     if facts.overflow:

@@ -35,6 +35,7 @@ from .options import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .plan.classify import UNMATCHED
 from .plan.model import PlanWarning
+from .plan.screen import WeightScreen
 from .report.cost import MAC_OPS, macs_of, tensor_shapes
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.checks import CHECK_LIMIT, check_file
@@ -257,7 +258,10 @@ def _convert_loaded(
     strict=False,
     spill=None,
     low_precision_io=None,
+    screen: WeightScreen | None = None,
 ) -> ConversionResult:
+    """Convert a loaded model. `screen` (a WeightScreen started on the model's file) is used
+    when the conversion screens fp16 payloads in memory, and stopped in any case."""
     if plan is not None:
         plan = _replayed_plan(
             plan,
@@ -294,73 +298,87 @@ def _convert_loaded(
         rule_set = load_rules(list(rules))
         excl_nodes = compile_patterns(exclude_nodes, "--exclude-node")
         incl_nodes = compile_patterns(include_nodes, "--include-node")
-    with _no_gc():
-        t = time.perf_counter()
-        index = build_index(model, where, loaded.path.parent if loaded.path else None)
-        training, scale = _training_setup(
-            model, index, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where
-        )
-        if scale is not None:  # the backward seed became the scale: index the graph as it is now
+    # fp16 payloads converted once, by the data rules' screen, for the rewrite to store; only
+    # when the converted weights stay in memory anyway (no spill to an external-data file). The
+    # screen runs in a worker on the second core while this process indexes (plan/screen.py).
+    payloads: dict | None = {} if spill is None and target is Precision.FP16 else None
+    if screen is not None and (payloads is None or plan is not None):
+        screen.close()
+        screen = None
+    try:
+        with _no_gc():
+            t = time.perf_counter()
             index = build_index(model, where, loaded.path.parent if loaded.path else None)
-        low_io, low_io_notes = _low_precision_io(index, low_precision_io, training, where) if plan is None else ([], [])
-        bytes_before = _initializer_bytes(index)
-        constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
-        constant_bytes_before = _constant_bytes(constants)
-        timings["index"] = time.perf_counter() - t
-        t = time.perf_counter()
-        # fp16 payloads converted once, by the data rules' screen, for the rewrite to store; only
-        # when the converted weights stay in memory anyway (no spill to an external-data file)
-        payloads: dict | None = {} if spill is None and target is Precision.FP16 else None
-        shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
-        work = (
-            [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
-            if shapes is not None
-            else None
-        )
-        if plan is None:
-            head = training is None or not training.has_backward
-            macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None
-            classification = classify(
-                index,
-                rule_set,
-                target,
-                exclude_ops=exclude_ops,
-                exclude_nodes=excl_nodes,
-                include_nodes=incl_nodes,
-                ranges=calibration,
-                force_fp32=force_fp32,
-                output_head=head,
-                macs=macs,
-                payloads=payloads,
+            training, scale = _training_setup(
+                model, index, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where
             )
-            unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
-            if strict and unmatched:
-                more = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
-                raise AutocastError(
-                    unmatched[0] + more, where, "fix the selector or drop it; without --strict it is a warning"
+            if scale is not None:  # the backward seed became the scale: index the graph as it is now
+                index = build_index(model, where, loaded.path.parent if loaded.path else None)
+                if screen is not None:  # it screened the model as it was
+                    screen.close()
+                    screen = None
+            low_io, low_io_notes = (
+                _low_precision_io(index, low_precision_io, training, where) if plan is None else ([], [])
+            )
+            bytes_before = _initializer_bytes(index)
+            constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
+            constant_bytes_before = _constant_bytes(constants)
+            timings["index"] = time.perf_counter() - t
+            t = time.perf_counter()
+            shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
+            work = (
+                [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
+                if shapes is not None
+                else None
+            )
+            if plan is None:
+                head = training is None or not training.has_backward
+                macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None
+                classification = classify(
+                    index,
+                    rule_set,
+                    target,
+                    exclude_ops=exclude_ops,
+                    exclude_nodes=excl_nodes,
+                    include_nodes=incl_nodes,
+                    ranges=calibration,
+                    force_fp32=force_fp32,
+                    output_head=head,
+                    macs=macs,
+                    payloads=payloads,
+                    screened=screen.results(model) if screen is not None else None,
                 )
-            plan = paint(
-                index,
-                classification,
-                target,
-                keep_io_types,
-                rule_set.files,
-                order=global_order(index),
-                low_precision_io=low_io,
-            )
-            plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_io_notes)
-        else:
-            check_plan_fits(plan, index)
-        timings["plan"] = time.perf_counter() - t
-        t = time.perf_counter()
-        stats = apply_plan(index, plan, spill, payloads)
-        payloads = None
-        scaling = None
-        if scale is not None and training is not None:
-            scaling = unscale_gradients(model, training, scale)
-        timings["apply"] = time.perf_counter() - t
-        bytes_after = bytes_before + stats.initializer_bytes_delta
-        constant_bytes_after = _constant_bytes(constants)
+                unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
+                if strict and unmatched:
+                    more = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
+                    raise AutocastError(
+                        unmatched[0] + more, where, "fix the selector or drop it; without --strict it is a warning"
+                    )
+                plan = paint(
+                    index,
+                    classification,
+                    target,
+                    keep_io_types,
+                    rule_set.files,
+                    order=global_order(index),
+                    low_precision_io=low_io,
+                )
+                plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_io_notes)
+            else:
+                check_plan_fits(plan, index)
+            timings["plan"] = time.perf_counter() - t
+            t = time.perf_counter()
+            stats = apply_plan(index, plan, spill, payloads)
+            payloads = None
+            scaling = None
+            if scale is not None and training is not None:
+                scaling = unscale_gradients(model, training, scale)
+            timings["apply"] = time.perf_counter() - t
+            bytes_after = bytes_before + stats.initializer_bytes_delta
+            constant_bytes_after = _constant_bytes(constants)
+    finally:
+        if screen is not None:
+            screen.close()
     if training is not None:
         plan.training = {"kind": training.kind, "graph": training.describe(), "losses": list(training.losses)}
         plan.training["parameters"] = list(training.parameters)
@@ -493,6 +511,20 @@ def convert_file(
     check_outputs([("-o", out_path), ("--plan-out", plan_out)], [in_path], models=["-o"])
     check_output_path(out_path, in_path)
     start = time.perf_counter()
+    # the data rules' weight screen, in a worker that parses the file beside this process
+    screen = (
+        WeightScreen.start(in_path)
+        if options.get("plan") is None and str(precision) == "fp16" and external_data is not True
+        else None
+    )
+    try:
+        return _convert_file(in_path, out_path, plan_out, external_data, search_log, screen, start, options)
+    finally:
+        if screen is not None:
+            screen.close()
+
+
+def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen, start, options) -> ConversionResult:
     t = time.perf_counter()
     # External data stays on disk until a tensor is needed (and unchanged tensors are copied
     # across file to file), so memory follows the weights that are converted, not the model.
@@ -530,7 +562,7 @@ def convert_file(
     try:
         result = _convert_loaded(
             loaded, check="none" if (big or in_memory or spill) else check, timings=timings, spill=spill,
-            **_api_options(options),
+            screen=screen, **_api_options(options),
         )  # fmt: skip
     except BaseException:
         if spill is not None:

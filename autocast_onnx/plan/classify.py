@@ -15,7 +15,7 @@ from ..catalog import RuleSet
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, Value, signatures
-from ..hazards import PASS_ON_OPS, range_facts, range_sentence
+from ..hazards import PASS_ON_OPS, fp16_lost, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from .model import Reason
@@ -104,6 +104,7 @@ def classify(
     output_head: bool = True,
     macs: dict[str, int | None] | None = None,
     payloads: dict | None = None,
+    screened: dict | None = None,
 ) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
@@ -123,7 +124,8 @@ def classify(
     `payloads` (a dict, fp16 targets): the data rules screen fp32 initializers by converting them,
     and leave the fp16 bytes there (id(TensorProto) -> memoryview) for the rewrite to store
     instead of converting again. Only for models held in memory: it keeps the converted weights
-    until the rewrite takes them."""
+    until the rewrite takes them. `screened` (from plan.screen.WeightScreen: main-graph
+    initializer name -> (fp16 bytes, lost range)) is that screen done already, by a worker."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))
     _assign_categories(index, rules, result)
@@ -133,7 +135,7 @@ def classify(
     _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
-    pending = _apply_data_rules(planned, target, rules.thresholds, result, payloads)
+    pending = _apply_data_rules(planned, target, rules.thresholds, result, payloads, screened)
     _propagate_range(result, pending, index, target, rules.thresholds)
     return result
 
@@ -449,7 +451,9 @@ def _apply_calibration(index, planned, ranges, target: Precision, thresholds, re
     log.debug("classify pass 4 (calibration): %d nodes kept fp32 by measured ranges", count)
 
 
-def _apply_data_rules(planned, target: Precision, thresholds, result: Classification, payloads=None) -> list:
+def _apply_data_rules(
+    planned, target: Precision, thresholds, result: Classification, payloads=None, screened=None
+) -> list:
     """Pass 5: constants a node would convert (fp32 initializers and Constant outputs at a FOLLOW
     port) go through the data rules in one vectorised batch. Returns the (node, value) pairs
     checked, for the propagation through the ops that pass them on.
@@ -475,7 +479,7 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
     target_type = target.elem_type
     if target_type is None:
         raise InternalCheckError(f"classify: target {target} has no element type")
-    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds, payloads)
+    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds, payloads, screened)
     count = 0
     for node, value in pending:
         verdict = verdicts.get(id(value))
@@ -712,18 +716,31 @@ def constant_array(value: Value):
     return None
 
 
-def _check_constants(values, target: int, thresholds, payloads: dict | None = None) -> dict:
+def _check_constants(values, target: int, thresholds, payloads: dict | None = None, screened=None) -> dict:
     """Data-rule verdicts for fp32 constants, keyed by id(value); values that pass are absent.
     Initializers stored as raw bytes are screened in one vectorised pass over all of them, and
     only the suspicious ones get the exact verdict. With `payloads` (fp16 target) the screen is
     the conversion itself: a tensor is suspicious when some value became inf or NaN (overflow,
     or was not finite), landed on 65504 (no headroom: hazards.py) or became zero from nonzero
     (flush), and its fp16 bytes are kept in
-    `payloads` under id(TensorProto) for the rewrite."""
+    `payloads` under id(TensorProto) for the rewrite. With `screened` (the same screen, done by
+    plan.screen's worker for the main graph's initializers) those tensors are not read at all,
+    unless the screen found them suspicious."""
     out = {}
     sizes_in, owners = [], []
+    if payloads is None or target != FLOAT16:
+        screened = None
     for value in values:
         tensor = value.initializer
+        if screened is not None and tensor is not None and value.scope.parent is None:
+            done = screened.get(value.name)
+            if done is not None:
+                payloads[id(tensor)] = done[0]
+                if done[1]:
+                    verdict = _verdict(value, np.frombuffer(tensor.raw_data, dtype="<f4"), target, thresholds)
+                    if verdict:
+                        out[id(value)] = verdict
+                continue
         if tensor is not None and (tensor.HasField("raw_data") or is_external(tensor)):
             size = tensor_nbytes(tensor)
             if size:
@@ -788,13 +805,7 @@ def _screen_by_conversion(flat: np.ndarray, sizes: np.ndarray, group: list, owne
     for k, n in zip(group, sizes.tolist()):
         payloads[id(owners[k].initializer)] = view[2 * offset : 2 * (offset + n)]
         offset += n
-    bits = half.view(np.uint16) & np.uint16(0x7FFF)
-    bits -= np.uint16(1)  # zero wraps to 0xFFFF: one comparison finds zero, 65504, inf and NaN
-    lost = np.flatnonzero(bits >= np.uint16(0x7BFE))
-    del bits
-    if lost.size:
-        zero = half.view(np.uint16)[lost] & np.uint16(0x7FFF) == 0
-        lost = lost[~zero | (flat[lost] != 0)]  # an exact zero stays exact
+    lost = fp16_lost(flat, half)
     return [group[j] for j in np.unique(np.searchsorted(ends, lost, side="right")).tolist()]
 
 
