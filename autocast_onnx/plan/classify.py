@@ -732,7 +732,7 @@ def _check_constants(values, target: int, thresholds, payloads: dict | None = No
         screened = None
     for value in values:
         tensor = value.initializer
-        if screened is not None and tensor is not None and value.scope.parent is None:
+        if screened is not None and payloads is not None and tensor is not None and value.scope.parent is None:
             done = screened.get(value.name)
             if done is not None:
                 payloads[id(tensor)] = done[0]

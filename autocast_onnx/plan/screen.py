@@ -151,7 +151,7 @@ def _work(model, buffer: mmap.mmap, fd: int) -> None:
     """In the worker: convert every fp32 raw-data initializer of the main graph into `buffer`
     (in graph order, back to back) and write the table (ordinal, elements, lost) to `fd`. Tensors
     are taken a cache-sized group at a time: one conversion and one screen per group."""
-    out = np.frombuffer(buffer, dtype="<f2")
+    out = np.frombuffer(buffer, dtype="<f2", count=len(buffer) // 2)
     rows: list[tuple[int, int, int]] = []
     group: list = []  # (ordinal, raw bytes) of the group being gathered
     gathered = 0
