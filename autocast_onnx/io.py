@@ -19,6 +19,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -629,14 +630,19 @@ def save_model(
             return []
         model_tmp = _temp_path(parent, out_path.name)
         temps.append(model_tmp)
+        finals.append((model_tmp, out_path))
         with open(model_tmp, "wb") as fh:
             fh.write(payload)
             fh.flush()
-            os.fsync(fh.fileno())
-        finals.append((model_tmp, out_path))
-        if verify is not None and not external_data:
-            payload = None  # the caller handed it over: free before the check makes its own copy
-            verify(model_tmp)
+            # the disk flush waits in the kernel, without the GIL: the check reads the written
+            # pages meanwhile (the file is renamed into place only after both)
+            sync = _InBackground(os.fsync, fh.fileno())
+            try:
+                if verify is not None and not external_data:
+                    payload = None  # the caller handed it over: free before the check makes its own copy
+                    verify(model_tmp)
+            finally:
+                sync.wait()
         done = []
         try:
             for tmp, final in finals:
@@ -659,6 +665,27 @@ def save_model(
                 tmp.unlink()
         for tensor, original in moved:
             _restore(tensor, original)
+
+
+class _InBackground:
+    """`fn(*args)` on a thread of its own; wait() joins it and raises what it raised."""
+
+    def __init__(self, fn, *args):
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:  # handed to wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="autocast-onnx-fsync", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class PayloadSpill:

@@ -100,16 +100,20 @@ import os, sys, time
 start = time.perf_counter()
 mode, src, dst = sys.argv[1:4]
 def report():
+    import resource
     hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    print(time.perf_counter() - start, hwm, flush=True)
+    worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the weight screen's, if any
+    print(time.perf_counter() - start, hwm, worker, flush=True)
 if mode == "floor":  # exits as any script does
     import onnx
     onnx.save(onnx.load(src), dst)
     report()
 else:
     hard_exit = os._exit
+    me = os.getpid()
     def report_and_exit(code):  # the console entry ends with os._exit: report first
-        report()
+        if os.getpid() == me:  # not in a worker the conversion forked (it ends with os._exit too)
+            report()
         hard_exit(code)
     os._exit = report_and_exit
     try:
@@ -126,14 +130,17 @@ else:
 """
 
 
-def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int]:
-    """Wall time (interpreter start and exit included) and peak RSS of one child process."""
+def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int, int]:
+    """Wall time (interpreter start and exit included), peak RSS of one child process, and the
+    peak RSS of the largest process it started and waited for (the weight screen's worker; 0
+    when none: its peak counts the interpreter pages it shares with its parent too)."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(dst)], capture_output=True, text=True)
     wall = time.perf_counter() - start
     if out.returncode:
         raise SystemExit(f"{mode} failed on {src}:\n{out.stderr}")
-    return wall, int(out.stdout.split()[1])
+    fields = out.stdout.split()
+    return wall, int(fields[1]), int(fields[2]) if len(fields) > 2 else 0
 
 
 def main_process(args, tmp: Path) -> None:
@@ -150,7 +157,7 @@ def main_process(args, tmp: Path) -> None:
     print(f"whole processes, hidden size {args.hidden}, medians of {args.repeat} alternating runs")
     print(
         f"{'nodes':>8} {'MB':>6} {'floor s':>8} {'convert s':>10} {'ratio':>6} "
-        f"{'floor MiB':>10} {'convert MiB':>12} {'ratio':>6}"
+        f"{'floor MiB':>10} {'convert MiB':>12} {'ratio':>6} {'worker MiB':>11}"
     )
     for size in args.sizes:
         src = tmp / f"synthetic_{size}.onnx"
@@ -159,11 +166,13 @@ def main_process(args, tmp: Path) -> None:
         for _ in range(args.repeat):
             floor.append(run_process("floor", src, tmp / "copy.onnx"))
             conv.append(run_process("convert", src, tmp / "out.onnx"))
-        ft, fm = statistics.median(t for t, _ in floor), statistics.median(m for _, m in floor)
-        ct, cm = statistics.median(t for t, _ in conv), statistics.median(m for _, m in conv)
+        ft, fm = statistics.median(r[0] for r in floor), statistics.median(r[1] for r in floor)
+        ct, cm = statistics.median(r[0] for r in conv), statistics.median(r[1] for r in conv)
+        wm = statistics.median(r[2] for r in conv)
         print(
             f"{len(onnx.load(src, load_external_data=False).graph.node):>8} {src.stat().st_size / 1e6:>6.0f} "
-            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f}",
+            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f} "
+            f"{wm / 2**20:>11.0f}",
             flush=True,
         )
         src.unlink()

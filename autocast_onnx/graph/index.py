@@ -224,22 +224,24 @@ class GraphIndex:
         typing = resolve and parent is None
         late: list = []  # (node, port, name) of inputs not defined when their node was reached
         ops: dict[str, str] = {}  # one string per op type: protobuf hands out a new one per read
+        get = values.get
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names = fields[pos]
             op = ops.setdefault(op, op)
             node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
             if resolve:
-                in_values: list[Value | None] = []
+                in_values = [get(name) if name else None for name in input_names]  # "": an omitted input
                 port = 0
-                for name in input_names:
-                    value = values.get(name) if name else None
-                    if value is None and name:
-                        value = scope.resolve(name) if parent is not None else None
-                        if value is None:
-                            late.append((node, port, name))
+                for value in in_values:
                     if value is not None:
                         value.consumers.append((node, port))
-                    in_values.append(value)
+                    elif input_names[port]:  # defined in an outer scope, later, or nowhere
+                        value = scope.resolve(input_names[port]) if parent is not None else None
+                        if value is None:
+                            late.append((node, port, input_names[port]))
+                        else:
+                            value.consumers.append((node, port))
+                            in_values[port] = value
                     port += 1
                 node.inputs = tuple(in_values)  # never changed again but by _resolve_late
             out_values: list[Value | None] = []

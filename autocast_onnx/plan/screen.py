@@ -1,22 +1,25 @@
-"""The weight screen on the second core. While the main process indexes and classifies a model,
-a forked worker converts the main graph's fp32 initializers to fp16 into memory both processes
-share, and finds which of them lost range (the test `classify._screen_by_conversion` makes).
-The data rules then read those results instead of converting the weights themselves, and the
-rewrite stores the shared fp16 bytes.
+"""The weight screen on the second core. While the main process loads, indexes and classifies a
+model, a forked worker converts the main graph's fp32 initializers to fp16 into memory both
+processes share, and finds which of them lost range (hazards.fp16_lost, the test the in-process
+screen makes). The data rules then read those results instead of converting the weights
+themselves, and the rewrite stores the shared fp16 bytes.
 
 Why a process: reading protobuf payloads and joining them holds the GIL, so a thread gains
-nothing; the forked worker sees the loaded model as it was (copy-on-write) and only writes to
-the shared buffer. It reads nothing the main process changes: it starts before the index is
-built and the model is not edited until the rewrite, which waits for it.
+nothing. Why it reads the file: forked before the model is loaded, the worker shares no model
+memory with the main process (every page a fork shares is copied on its first write after it),
+and it parses no model of its own either: it walks the file's protobuf encoding for the
+initializers' raw payloads and converts them straight from the mapped file, so its memory is
+the interpreter and one group of tensors, whatever the model's size.
 
 Used when it can pay: Linux, fp16 target, a model in memory (no spill to external data), no
-other thread running (a fork copies only the calling thread), and at least MIN_BYTES of fp32
-weights. Anything unexpected in the worker (it died, its table is short) makes `results()`
-return None and classification screens the weights itself, as it does without a worker.
+other thread running (a fork copies only the calling thread), and at least MIN_BYTES of model
+file. Anything unexpected (the worker died, met an encoding it does not walk, named a tensor the
+loaded model does not have there, the file was replaced) makes `results()` return None, and
+classification screens the weights itself, as it does without a worker.
 
-    screen = WeightScreen.start(model, file_bytes)   # before build_index
+    screen = WeightScreen.start(path)       # before the model is loaded
     ...
-    screened = screen.results()   # {name: (fp16 bytes view, lost)} or None
+    screened = screen.results(model)        # {name: (fp16 bytes view, lost)} or None
 """
 
 from __future__ import annotations
@@ -26,20 +29,19 @@ import mmap
 import os
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto
 
+from ..errors import InternalCheckError
 from ..hazards import fp16_lost
-from ..io import parse_file
 
 log = logging.getLogger(__name__)
 
-MIN_BYTES = 16 * 2**20  # fp32 weight bytes below which the fork costs more than it saves
+MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
 _GROUP_BYTES = 4 * 2**20  # fp32 bytes the worker converts and screens at a time (cache-sized)
 _FLOAT = TensorProto.FLOAT
+_EXTERNAL = TensorProto.EXTERNAL
 
 
 class WeightScreen:
@@ -50,8 +52,7 @@ class WeightScreen:
         self._seen = seen  # the file as the worker found it: a file replaced since is not trusted
         self._pid = pid
         self._fd = fd
-        self._buffer = buffer
-        self._results: dict | None = None
+        self._buffer: mmap.mmap | None = buffer  # let go of once the results are handed over
         self._done = False
 
     @classmethod
@@ -74,7 +75,7 @@ class WeightScreen:
         if file_bytes < (MIN_BYTES if min_bytes is None else min_bytes):
             return None
         seen = _identity(path)
-        buffer = mmap.mmap(-1, file_bytes // 2 + mmap.PAGESIZE, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        buffer = mmap.mmap(-1, file_bytes // 2 + mmap.PAGESIZE)
         read_fd, write_fd = os.pipe()
         try:
             pid = os.fork()
@@ -88,9 +89,7 @@ class WeightScreen:
             os.close(read_fd)
             status = 1
             try:
-                model = onnx.ModelProto()
-                parse_file(Path(path), model)
-                _work(model, buffer, write_fd)
+                _work(path, buffer, write_fd)
                 status = 0
             finally:
                 os._exit(status)
@@ -100,9 +99,10 @@ class WeightScreen:
     def results(self, model) -> dict | None:
         """name -> (fp16 bytes as a memoryview of the shared buffer, whether range was lost) for
         each screened initializer of the main graph of `model` (the file's model, as loaded and
-        not edited since); None when the worker failed."""
+        not edited since); None when the worker failed. Read once: the views hold the shared
+        buffer, which goes when the caller lets go of them."""
         if self._done:
-            return self._results
+            raise InternalCheckError("the weight screen's results were read twice")
         self._done = True
         chunks = []
         try:
@@ -114,25 +114,12 @@ class WeightScreen:
         finally:
             os.close(self._fd)
             _, status = os.waitpid(self._pid, 0)
-        table = b"".join(chunks)
-        rows = np.frombuffer(table[: len(table) - len(table) % 24], dtype="<i8").reshape(-1, 3)
-        inits = model.graph.initializer
-        if (
-            status != 0
-            or len(table) % 24
-            or (len(rows) and (rows[:, 0].max() >= len(inits) or 2 * int(rows[:, 1].sum()) > len(self._buffer)))
-            or _identity(self._path) != self._seen
-        ):
+        buffer, self._buffer = self._buffer, None
+        message = b"".join(chunks)
+        out = _decode(message, model.graph.initializer, buffer) if status == 0 and buffer is not None else None
+        if out is None or _identity(self._path) != self._seen:
             log.debug("weight screen: the worker failed (status %d), screening in process", status)
             return None
-        view = memoryview(self._buffer)
-        out = {}
-        offset = 0
-        for ordinal, count, lost in rows.tolist():
-            out[inits[ordinal].name] = (view[2 * offset : 2 * (offset + count)], bool(lost))
-            offset += count
-        view.release()  # the slices keep their own exports of the buffer
-        self._results = out
         return out
 
     def close(self) -> None:
@@ -145,49 +132,164 @@ class WeightScreen:
                 pass
             os.close(self._fd)
             os.waitpid(self._pid, 0)
+            self._buffer = None
 
 
-def _work(model, buffer: mmap.mmap, fd: int) -> None:
-    """In the worker: convert every fp32 raw-data initializer of the main graph into `buffer`
-    (in graph order, back to back) and write the table (ordinal, elements, lost) to `fd`. Tensors
-    are taken a cache-sized group at a time: one conversion and one screen per group."""
+def _decode(message: bytes, inits, buffer: mmap.mmap) -> dict | None:
+    """The worker's message (rows of ordinal, elements, lost, name length; then the names) as
+    name -> (fp16 view, lost), or None when it does not fit the loaded model."""
+    if len(message) < 8:
+        return None
+    n = int.from_bytes(message[:8], "little")
+    end = 8 + 32 * n
+    if len(message) < end:
+        return None
+    rows = np.frombuffer(message, dtype="<i8", count=4 * n, offset=8).reshape(n, 4).tolist()
+    names = message[end:]
+    if sum(r[3] for r in rows) != len(names) or 2 * sum(r[1] for r in rows) > len(buffer):
+        return None
+    view = memoryview(buffer)
+    out = {}
+    offset = at = 0
+    for ordinal, count, lost, length in rows:
+        name = names[at : at + length].decode("utf-8", "replace")
+        at += length
+        if ordinal >= len(inits) or inits[ordinal].name != name:
+            return None
+        out[name] = (view[2 * offset : 2 * (offset + count)], bool(lost))
+        offset += count
+    view.release()  # the slices keep their own exports of the buffer
+    return out
+
+
+def _work(path, buffer: mmap.mmap, fd: int) -> None:
+    """In the worker: convert every fp32 raw-data initializer of the main graph of the model file
+    at `path` into `buffer` (in graph order, back to back), straight from the mapped file, a
+    cache-sized group at a time, and write the message `_decode` reads to `fd`."""
     out = np.frombuffer(buffer, dtype="<f2", count=len(buffer) // 2)
-    rows: list[tuple[int, int, int]] = []
-    group: list = []  # (ordinal, raw bytes) of the group being gathered
+    rows: list[tuple[int, int, int, int]] = []
+    names: list[bytes] = []
+    group: list = []  # (ordinal, name, fp32 view) of the group being gathered
     gathered = 0
     offset = 0  # elements written so far
 
     def flush() -> None:
         nonlocal offset, gathered
-        flat = np.frombuffer(b"".join([raw for _, raw in group]), dtype="<f4")
+        flat = group[0][2] if len(group) == 1 else np.concatenate([view for _, _, view in group])
         half = out[offset : offset + flat.size]
         with np.errstate(over="ignore"):
             np.copyto(half, flat, casting="unsafe")
-        counts = [len(raw) // 4 for _, raw in group]
+        counts = [view.size for _, _, view in group]
         lost = np.zeros(len(group), dtype=bool)
         lost[np.unique(np.searchsorted(np.cumsum(counts), fp16_lost(flat, half), side="right"))] = True
-        rows.extend(zip([k for k, _ in group], counts, lost.tolist()))
+        for (ordinal, name, _), count, flag in zip(group, counts, lost.tolist()):
+            rows.append((ordinal, count, flag, len(name)))
+            names.append(name)
         offset += flat.size
         group.clear()
         gathered = 0
 
-    for ordinal, tensor in enumerate(model.graph.initializer):
-        if tensor.data_type != _FLOAT or not tensor.HasField("raw_data"):
-            continue
-        raw = tensor.raw_data
-        if not raw or len(raw) % 4:
-            continue
-        group.append((ordinal, raw))
-        gathered += len(raw)
-        if gathered >= _GROUP_BYTES:
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        for ordinal, name, start, length in _fp32_payloads(data):
+            group.append((ordinal, name, np.frombuffer(data, dtype="<f4", count=length // 4, offset=start)))
+            gathered += length
+            if gathered >= _GROUP_BYTES:
+                flush()
+        if group:
             flush()
-    if group:
-        flush()
-    table = np.asarray(rows, dtype="<i8").reshape(-1, 3).tobytes()
-    view = memoryview(table)
+    message = len(rows).to_bytes(8, "little") + np.asarray(rows, dtype="<i8").reshape(-1, 4).tobytes()
+    message += b"".join(names)
+    view = memoryview(message)
     while view:
         view = view[os.write(fd, view) :]
     os.close(fd)
+
+
+class _Unwalked(Exception):
+    """An encoding the walk below does not follow (the worker then fails, and the main process
+    screens in process)."""
+
+
+def _varint(data, pos: int) -> tuple[int, int]:
+    byte = data[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    value, shift = byte & 0x7F, 7
+    while True:
+        pos += 1
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos + 1
+        shift += 7
+
+
+def _skip(data, pos: int, wire: int) -> int:
+    if wire == 0:
+        return _varint(data, pos)[1]
+    if wire == 2:
+        length, pos = _varint(data, pos)
+        return pos + length
+    if wire == 1:
+        return pos + 8
+    if wire == 5:
+        return pos + 4
+    raise _Unwalked(f"wire type {wire}")
+
+
+def _fp32_payloads(data):
+    """(ordinal, name, start, length) of the raw fp32 payload of each initializer of the main
+    graph of the serialized ModelProto `data`, in the order protobuf parses them. ModelProto.graph
+    is field 7; GraphProto.initializer field 5; TensorProto: data_type 2, name 8, raw_data 9,
+    data_location 14. A second graph field (which a parser would merge) is not walked."""
+    end = len(data)
+    pos = 0
+    graph = None
+    while pos < end:
+        key, pos = _varint(data, pos)
+        if key == (7 << 3 | 2):
+            length, pos = _varint(data, pos)
+            if graph is not None:
+                raise _Unwalked("two graph fields")
+            graph = (pos, pos + length)
+            pos += length
+        else:
+            pos = _skip(data, pos, key & 7)
+    if graph is None or pos != end:
+        raise _Unwalked("no graph")
+    pos, end = graph
+    ordinal = 0
+    while pos < end:
+        key, pos = _varint(data, pos)
+        if key != (5 << 3 | 2):
+            pos = _skip(data, pos, key & 7)
+            continue
+        length, pos = _varint(data, pos)
+        stop = pos + length
+        dtype, name, raw, location = 0, b"", None, 0
+        while pos < stop:
+            key, pos = _varint(data, pos)
+            if key == (2 << 3):
+                dtype, pos = _varint(data, pos)
+            elif key == (8 << 3 | 2):
+                n, pos = _varint(data, pos)
+                name = bytes(data[pos : pos + n])
+                pos += n
+            elif key == (9 << 3 | 2):
+                n, pos = _varint(data, pos)
+                raw = (pos, n)
+                pos += n
+            elif key == (14 << 3):
+                location, pos = _varint(data, pos)
+            else:
+                pos = _skip(data, pos, key & 7)
+        if pos != stop:
+            raise _Unwalked("a tensor overruns its length")
+        if dtype == _FLOAT and raw is not None and raw[1] and not raw[1] % 4 and location != _EXTERNAL:
+            yield ordinal, name, raw[0], raw[1]
+        ordinal += 1
+    if pos != end:
+        raise _Unwalked("the graph overruns its length")
 
 
 def _identity(path) -> tuple:
