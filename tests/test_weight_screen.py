@@ -246,3 +246,35 @@ def test_no_worker_where_it_cannot_or_would_not_pay(tmp_path):
     finally:
         stop.set()
         other.join()
+
+
+def test_the_walk_finds_the_payloads_protobuf_parses(tmp_path):
+    """The worker's walk of the encoding gives each fp32 raw payload of the main graph, by
+    ordinal and name, at the bytes protobuf parses; other tensors are passed over."""
+    model = mixed_initializers_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(6, dtype=np.int64), "ints"))
+    model.graph.initializer.append(numpy_helper.from_array(randn([3, 5], seed=8).astype(np.float16), "halves"))
+    data = model.SerializeToString()
+    found = list(screen_module._fp32_payloads(data))
+    inits = list(model.graph.initializer)
+    expected = [(k, t.name) for k, t in enumerate(inits) if t.data_type == TensorProto.FLOAT and t.HasField("raw_data")]
+    assert [(k, name.decode()) for k, name, _, _ in found] == [(k, n) for k, n in expected if inits[k].raw_data]
+    assert {name for _, name, _, _ in found} >= {b"shared", b"scale", b"shared_bias", b"dflt"}
+    for ordinal, _, start, length in found:
+        assert data[start : start + length] == inits[ordinal].raw_data
+
+
+def test_an_encoding_the_walk_does_not_follow_falls_back(monkeypatch, tmp_path):
+    """Two graph fields (a parser merges them): the worker gives up and the weights are screened
+    in process, with the same result."""
+    model = model_of(weights_at_the_edges())
+    extra = onnx.GraphProto()
+    extra.initializer.append(numpy_helper.from_array(randn([4, 4], seed=6), "merged_in"))
+    source = tmp_path / "two_graphs.onnx"
+    payload = extra.SerializeToString()
+    source.write_bytes(model.SerializeToString() + b"\x3a" + len(payload).to_bytes(1, "little") + payload)
+    assert any(t.name == "merged_in" for t in onnx.load(source).graph.initializer)
+    assert WeightScreen.start(source, min_bytes=0).results(onnx.load(source)) is None
+    worker, inproc, worker_plan, inproc_plan = both_ways(monkeypatch, tmp_path, source, expect_used=[False])
+    assert worker == inproc
+    assert worker_plan == inproc_plan
