@@ -99,11 +99,15 @@ CHILD = r"""
 import os, sys, time
 start = time.perf_counter()
 mode, src, dst = sys.argv[1:4]
+workers = [0]  # peak RSS of each process the conversion forked and reaped (the weight screen's)
+def wait_and_measure(pid, options):
+    got, status, usage = os.wait4(pid, options)
+    workers.append(usage.ru_maxrss * 1024)
+    return got, status
+os.waitpid = wait_and_measure
 def report():
-    import resource
     hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the weight screen's, if any
-    print(time.perf_counter() - start, hwm, worker, flush=True)
+    print(time.perf_counter() - start, hwm, max(workers), flush=True)
 if mode == "floor":  # exits as any script does
     import onnx
     onnx.save(onnx.load(src), dst)
@@ -132,8 +136,9 @@ else:
 
 def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int, int]:
     """Wall time (interpreter start and exit included), peak RSS of one child process, and the
-    peak RSS of the largest process it started and waited for (the weight screen's worker; 0
-    when none: its peak counts the interpreter pages it shares with its parent too)."""
+    peak RSS of the weight screen's worker it forked (0 when none). The worker's peak counts the
+    pages of the mapped model file it read and of the buffer it shares with its parent, and the
+    interpreter pages both share, so it is an upper bound on what it adds."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(dst)], capture_output=True, text=True)
     wall = time.perf_counter() - start
