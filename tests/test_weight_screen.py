@@ -35,6 +35,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def any_process_size(monkeypatch):
+    """The suite's own process grows past the worker's size limit as it runs; here the worker is
+    what is tested (test_no_worker_from_a_large_process tests the limit)."""
+    monkeypatch.setattr(screen_module, "MAX_PARENT_BYTES", 2**40)
+
+
 def both_ways(monkeypatch, tmp_path: Path, source: Path, **options) -> tuple[bytes, bytes, str, str]:
     """Convert `source` with the worker and without: (model bytes, model bytes, plan, plan).
     options: convert= (convert_file's options), expect_used= (whether each read of the worker's
@@ -278,3 +285,16 @@ def test_an_encoding_the_walk_does_not_follow_falls_back(monkeypatch, tmp_path):
     worker, inproc, worker_plan, inproc_plan = both_ways(monkeypatch, tmp_path, source, expect_used=[False])
     assert worker == inproc
     assert worker_plan == inproc_plan
+
+
+def test_no_worker_from_a_large_process(monkeypatch, tmp_path):
+    """Each page a fork shares is copied on the parent's next write to it: a process that already
+    holds much (a service converting model after model) screens in process."""
+    source = tmp_path / "edges.onnx"
+    onnx.save(model_of(weights_at_the_edges()), source)
+    monkeypatch.setattr(screen_module, "MAX_PARENT_BYTES", 1)
+    assert WeightScreen.start(source, min_bytes=0) is None
+    monkeypatch.setattr(screen_module, "MAX_PARENT_BYTES", 2**40)
+    started = WeightScreen.start(source, min_bytes=0)
+    assert started is not None
+    started.close()

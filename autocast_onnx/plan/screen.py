@@ -12,8 +12,10 @@ initializers' raw payloads and converts them straight from the mapped file, so i
 the interpreter and one group of tensors, whatever the model's size.
 
 Used when it can pay: Linux, fp16 target, a model in memory (no spill to external data), no
-other thread running (a fork copies only the calling thread), and at least MIN_BYTES of model
-file. Anything unexpected (the worker died, met an encoding it does not walk, named a tensor the
+other thread running (a fork copies only the calling thread), at least MIN_BYTES of model file,
+and a process of at most MAX_PARENT_BYTES resident (the command line's is ~40 MiB before the
+load; a long-running process that holds more would pay a copy of each shared page it writes).
+Anything unexpected (the worker died, met an encoding it does not walk, named a tensor the
 loaded model does not have there, the file was replaced) makes `results()` return None, and
 classification screens the weights itself, as it does without a worker.
 
@@ -39,6 +41,7 @@ from ..hazards import fp16_lost
 log = logging.getLogger(__name__)
 
 MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
+MAX_PARENT_BYTES = 256 * 2**20  # resident bytes of this process above which it does not fork
 _GROUP_BYTES = 4 * 2**20  # fp32 bytes the worker converts and screens at a time (cache-sized)
 _FLOAT = TensorProto.FLOAT
 _EXTERNAL = TensorProto.EXTERNAL
@@ -67,6 +70,12 @@ class WeightScreen:
             return None
         if threading.active_count() != 1:
             log.debug("weight screen: other threads are running, screening in process")
+            return None
+        if _resident_bytes() > MAX_PARENT_BYTES:
+            # a process that already holds much (a service converting one model after another):
+            # each of its pages the fork shares would be copied on its next write, which costs
+            # more than the worker saves
+            log.debug("weight screen: this process is large, screening in process")
             return None
         try:
             file_bytes = os.stat(path).st_size
@@ -298,3 +307,11 @@ def _identity(path) -> tuple:
     except OSError:
         return ()
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return MAX_PARENT_BYTES + 1  # unknown: do not fork
