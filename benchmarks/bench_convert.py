@@ -99,15 +99,9 @@ CHILD = r"""
 import os, sys, time
 start = time.perf_counter()
 mode, src, dst = sys.argv[1:4]
-workers = [0]  # peak RSS of each process the conversion forked and reaped (the weight screen's)
-def wait_and_measure(pid, options):
-    got, status, usage = os.wait4(pid, options)
-    workers.append(usage.ru_maxrss * 1024)
-    return got, status
-os.waitpid = wait_and_measure
 def report():
     hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    print(time.perf_counter() - start, hwm, max(workers), flush=True)
+    print(time.perf_counter() - start, hwm, flush=True)
 if mode == "floor":  # exits as any script does
     import onnx
     onnx.save(onnx.load(src), dst)
@@ -134,18 +128,14 @@ else:
 """
 
 
-def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int, int]:
-    """Wall time (interpreter start and exit included), peak RSS of one child process, and the
-    peak RSS of the weight screen's worker it forked (0 when none). The worker's peak counts the
-    pages of the mapped model file it read and of the buffer it shares with its parent, and the
-    interpreter pages both share, so it is an upper bound on what it adds."""
+def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int]:
+    """Wall time (interpreter start and exit included) and peak RSS of one child process."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(dst)], capture_output=True, text=True)
     wall = time.perf_counter() - start
     if out.returncode:
         raise SystemExit(f"{mode} failed on {src}:\n{out.stderr}")
-    fields = out.stdout.split()
-    return wall, int(fields[1]), int(fields[2]) if len(fields) > 2 else 0
+    return wall, int(out.stdout.split()[1])
 
 
 def main_process(args, tmp: Path) -> None:
@@ -162,7 +152,7 @@ def main_process(args, tmp: Path) -> None:
     print(f"whole processes, hidden size {args.hidden}, medians of {args.repeat} alternating runs")
     print(
         f"{'nodes':>8} {'MB':>6} {'floor s':>8} {'convert s':>10} {'ratio':>6} "
-        f"{'floor MiB':>10} {'convert MiB':>12} {'ratio':>6} {'worker MiB':>11}"
+        f"{'floor MiB':>10} {'convert MiB':>12} {'ratio':>6}"
     )
     for size in args.sizes:
         src = tmp / f"synthetic_{size}.onnx"
@@ -171,13 +161,11 @@ def main_process(args, tmp: Path) -> None:
         for _ in range(args.repeat):
             floor.append(run_process("floor", src, tmp / "copy.onnx"))
             conv.append(run_process("convert", src, tmp / "out.onnx"))
-        ft, fm = statistics.median(r[0] for r in floor), statistics.median(r[1] for r in floor)
-        ct, cm = statistics.median(r[0] for r in conv), statistics.median(r[1] for r in conv)
-        wm = statistics.median(r[2] for r in conv)
+        ft, fm = statistics.median(t for t, _ in floor), statistics.median(m for _, m in floor)
+        ct, cm = statistics.median(t for t, _ in conv), statistics.median(m for _, m in conv)
         print(
             f"{len(onnx.load(src, load_external_data=False).graph.node):>8} {src.stat().st_size / 1e6:>6.0f} "
-            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f} "
-            f"{wm / 2**20:>11.0f}",
+            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f}",
             flush=True,
         )
         src.unlink()
