@@ -61,7 +61,7 @@ def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedMod
         raise AutocastError("is a directory, not an ONNX file", where, "pass the .onnx file inside it")
     model = onnx.ModelProto()
     try:
-        size = parse_file(path, model)
+        size = _parse_file(path, model)
     except OSError as exc:
         raise AutocastError(f"cannot read file: {exc.strerror}", where, "check its permissions") from None
     except (DecodeError, RuntimeError, ValueError):
@@ -87,7 +87,7 @@ def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedMod
     return loaded
 
 
-def parse_file(path: Path, model: onnx.ModelProto) -> int:
+def _parse_file(path: Path, model: onnx.ModelProto) -> int:
     """Parse the file at `path` into `model`; returns its size in bytes (0: nothing parsed). The
     file is mapped rather than read: the parser copies what it keeps, so the file's bytes need not
     be copied into memory first (0.1 s and the file's size of memory for 190 MB). A file that

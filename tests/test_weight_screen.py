@@ -132,10 +132,10 @@ def mixed_initializers_model() -> onnx.ModelProto:
     model = parse(
         """
         mixed (bool c, float[2,4] x, float[4,4] dflt) => (float[2,4] y, float[2,4] z, float[0] e) {
-            [mm_shared] h = MatMul(x, shared)
+            [mm_common] h = MatMul(x, common_w)
             [sm] s = Softmax(h)
-            [ln] l = LayerNormalization(x, scale, shared_bias)
-            [add_bias] a = Add(s, shared_bias)
+            [ln] l = LayerNormalization(x, scale, common_bias)
+            [add_bias] a = Add(s, common_bias)
             [mm_default] d = MatMul(a, dflt)
             [mm_fd] f = MatMul(d, listed)
             [branch] y = If(c) <
@@ -145,9 +145,9 @@ def mixed_initializers_model() -> onnx.ModelProto:
             [add_l] z = Add(l, s)
             [empty_id] e = Identity(empty)
         }""",
-        shared=randn([4, 4], seed=1),
+        common_w=randn([4, 4], seed=1),
         scale=np.ones(4, np.float32),
-        shared_bias=randn([4], seed=2),
+        common_bias=randn([4], seed=2),
         dflt=randn([4, 4], seed=3),
         empty=np.zeros(0, np.float32),
     )
@@ -167,7 +167,7 @@ def test_initializers_left_to_the_in_process_path_convert_as_before(monkeypatch,
     assert worker_plan == inproc_plan
     converted = onnx.load_from_string(worker)
     types = {t.name: t.data_type for t in converted.graph.initializer}
-    assert types["shared"] == TensorProto.FLOAT16 and types["listed"] == TensorProto.FLOAT16
+    assert types["common_w"] == TensorProto.FLOAT16 and types["listed"] == TensorProto.FLOAT16
     body = next(a.g for n in converted.graph.node if n.op_type == "If" for a in n.attribute if a.name == "then_branch")
     assert {t.name: t.data_type for t in body.initializer}["body_w"] == TensorProto.FLOAT16
 
@@ -266,7 +266,7 @@ def test_the_walk_finds_the_payloads_protobuf_parses(tmp_path):
     inits = list(model.graph.initializer)
     expected = [(k, t.name) for k, t in enumerate(inits) if t.data_type == TensorProto.FLOAT and t.HasField("raw_data")]
     assert [(k, name.decode()) for k, name, _, _ in found] == [(k, n) for k, n in expected if inits[k].raw_data]
-    assert {name for _, name, _, _ in found} >= {b"shared", b"scale", b"shared_bias", b"dflt"}
+    assert {name for _, name, _, _ in found} >= {b"common_w", b"scale", b"common_bias", b"dflt"}
     for ordinal, _, start, length in found:
         assert data[start : start + length] == inits[ordinal].raw_data
 
