@@ -522,7 +522,7 @@ def save_model(
     restore: bool = True,
     spill: PayloadSpill | None = None,
     find_external: bool = True,
-    verify: Callable[[Path], None] | None = None,
+    verify: Callable[[bytes], None] | None = None,
 ) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
@@ -531,9 +531,9 @@ def save_model(
     data). `spill` (a PayloadSpill of this output) already holds the converted payloads: the rest
     is appended to it and it becomes `<name>.data`. `find_external=False` says that no tensor of
     the model is stored as external data (a save in one piece then skips looking for them: a walk
-    over every node). `verify(path)` (a model in one piece) is called on the written temporary
-    before it is renamed into place, after the payload is let go of: if it raises, nothing is
-    written. Returns the files created (none for a FIFO or device)."""
+    over every node). `verify(payload)` (a model in one piece) is called on the serialized bytes
+    while a thread writes them to the temporary, which is renamed into place only after both: if
+    it raises, nothing is written. Returns the files created (none for a FIFO or device)."""
     out_path = Path(out_path)
     check_output_path(out_path, in_path)
     in_place = output_kind(out_path) == "stream"
@@ -632,17 +632,17 @@ def save_model(
         temps.append(model_tmp)
         finals.append((model_tmp, out_path))
         with open(model_tmp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            # the disk flush waits in the kernel, without the GIL: the check reads the written
-            # pages meanwhile (the file is renamed into place only after both)
-            sync = _InBackground(os.fsync, fh.fileno())
-            try:
-                if verify is not None and not external_data:
-                    payload = None  # the caller handed it over: free before the check makes its own copy
-                    verify(model_tmp)
-            finally:
-                sync.wait()
+            if verify is not None and not external_data:
+                # the write and the disk flush wait in the kernel, without the GIL: the check
+                # parses the same bytes meanwhile (the file is renamed into place only after both)
+                writing = _InBackground(_write_and_sync, fh, payload)
+                try:
+                    verify(payload)
+                finally:
+                    writing.wait()
+            else:
+                _write_and_sync(fh, payload)
+            payload = None
         done = []
         try:
             for tmp, final in finals:
@@ -667,6 +667,12 @@ def save_model(
             _restore(tensor, original)
 
 
+def _write_and_sync(fh, payload: bytes) -> None:
+    fh.write(payload)
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
 class _InBackground:
     """`fn(*args)` on a thread of its own; wait() joins it and raises what it raised."""
 
@@ -679,7 +685,7 @@ class _InBackground:
             except BaseException as exc:  # handed to wait()
                 self._error = exc
 
-        self._thread = threading.Thread(target=run, name="autocast-onnx-fsync", daemon=True)
+        self._thread = threading.Thread(target=run, name="autocast-onnx-write", daemon=True)
         self._thread.start()
 
     def wait(self) -> None:

@@ -820,3 +820,40 @@ def test_interrupt_after_writing_leaves_nothing(tmp_path, m, out, monkeypatch):
     monkeypatch.setattr(report, "conversion_summary", interrupt)
     one_error(run("convert", m, "-o", out / "x.onnx", "--plan-out", out / "p.json"), 130, "interrupted")
     assert list(out.iterdir()) == []
+
+
+def test_the_check_reads_the_bytes_that_are_written(tmp_path, m, out, monkeypatch):
+    """A model in one piece is checked from its serialized bytes while a thread writes them:
+    the checker sees exactly what lands in the file."""
+    from autocast_onnx import pipeline
+
+    seen = []
+    real = pipeline.check_result
+
+    def recording(payload, full=True):
+        seen.append(bytes(payload))
+        return real(payload, full)
+
+    monkeypatch.setattr(pipeline, "check_result", recording)
+    assert run("convert", m, "-o", out / "x.onnx", "-q").code == 0
+    assert len(seen) == 1 and seen[0] == (out / "x.onnx").read_bytes()
+
+
+def test_a_failed_check_writes_nothing_and_keeps_the_older_model(tmp_path, m, out, monkeypatch):
+    """When the check fails, the temporary the thread was writing is removed and the file
+    already at -o stays as it was."""
+    from autocast_onnx import pipeline
+    from autocast_onnx.errors import InternalCheckError
+
+    seen = []
+
+    def failing(payload, full=True):
+        seen.append(onnx.ModelProto.FromString(payload))
+        raise InternalCheckError("the converted model fails onnx.checker: planted")
+
+    monkeypatch.setattr(pipeline, "check_result", failing)
+    (out / "x.onnx").write_bytes(b"an older model")
+    one_error(run("convert", m, "-o", out / "x.onnx"), 3, "fails onnx.checker: planted")
+    assert sorted(p.name for p in out.iterdir()) == ["x.onnx"]
+    assert (out / "x.onnx").read_bytes() == b"an older model"
+    assert [n.op_type for n in seen[0].graph.node if n.op_type == "Cast"]  # it saw the converted model
