@@ -857,3 +857,19 @@ def test_a_failed_check_writes_nothing_and_keeps_the_older_model(tmp_path, m, ou
     assert sorted(p.name for p in out.iterdir()) == ["x.onnx"]
     assert (out / "x.onnx").read_bytes() == b"an older model"
     assert [n.op_type for n in seen[0].graph.node if n.op_type == "Cast"]  # it saw the converted model
+
+
+def test_a_failed_write_beside_the_check_is_one_line_and_leaves_nothing(tmp_path, m, out, monkeypatch):
+    """The thread writing the model fails (a full disk) while the check passes: exit 2 naming
+    the output, no temporary left, the older file untouched."""
+    import errno
+
+    def full_disk(fh, payload):
+        fh.write(payload[: len(payload) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(aio, "_write_and_sync", full_disk)
+    (out / "x.onnx").write_bytes(b"an older model")
+    one_error(run("convert", m, "-o", out / "x.onnx"), 2, "cannot write output: No space left on device", "x.onnx")
+    assert sorted(p.name for p in out.iterdir()) == ["x.onnx"]
+    assert (out / "x.onnx").read_bytes() == b"an older model"
