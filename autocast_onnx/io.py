@@ -633,8 +633,9 @@ def save_model(
         finals.append((model_tmp, out_path))
         with open(model_tmp, "wb") as fh:
             if verify is not None and not external_data:
-                # the write and the disk flush wait in the kernel, without the GIL: the check
-                # parses the same bytes meanwhile (the file is renamed into place only after both)
+                # the write waits in the kernel, without the GIL, while the check parses the same
+                # bytes (renamed into place only after both); the fsync needs the GIL to start,
+                # which the checker holds, so it comes after the check
                 writing = _InBackground(_write_and_sync, fh, payload)
                 try:
                     verify(payload)
