@@ -535,7 +535,8 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
     # tells whether the checker can take it in memory without serializing it to find out.
     big = loaded.external_data or loaded.file_bytes * 1.5 > CHECK_LIMIT
-    if output_kind(out_path) == "stream":
+    stream = output_kind(out_path) == "stream"
+    if stream:
         # a FIFO or device is written in place: no data file beside it, nothing to read back
         if external_data or (external_data is None and loaded.external_data):
             raise AutocastError(
@@ -556,7 +557,7 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     # an external-data output receives the converted weights as they are produced (memory does not
     # grow with them); the file stays a temporary until save_model renames it
     spill = None
-    if external_data and output_kind(out_path) != "stream":
+    if external_data and not stream:
         check_output_path(out_path, in_path)  # the folder exists and is writable before the spill opens there
         spill = PayloadSpill(out_path)
     try:
@@ -569,7 +570,6 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
             spill.discard()
         raise
     serialized: dict = {}  # the payload is handed over, not kept here: save_model lets go of it
-    stream = output_kind(out_path) == "stream"
     verify = None
     t_save = time.perf_counter()  # the serialization is part of the save
     if in_memory:
