@@ -14,6 +14,7 @@ that are one file, an output that is an input, a missing folder, a directory...)
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import stat
@@ -30,6 +31,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
+from . import wire
 from .dtypes import ITEMSIZE
 from .errors import AutocastError, InternalCheckError
 
@@ -45,14 +47,27 @@ class LoadedModel:
     file_bytes: int
     external_data: bool = False
     external_files: list[str] = field(default_factory=list)
+    left_in_file: PayloadsInFile | None = None  # see load_model(leave_in_file=True)
+    external_checked: bool = False  # the main graph's external-data locations were checked (load_model)
 
 
-def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedModel:
+# fp32 payloads at least this large may be left in the model's file by load_model
+LEFT_IN_FILE_MIN_BYTES = 4096
+
+
+def load_model(path: str | os.PathLike, load_external: bool = True, leave_in_file: bool = False) -> LoadedModel:
     """Read an ONNX file; raise AutocastError with one clear line for anything unusable.
 
     External data locations are always checked (inside the model's folder, file present, range
     within the file). With load_external=False the bytes stay on disk and are read one tensor at
-    a time when needed (see tensor_bytes), so a model larger than memory can be converted."""
+    a time when needed (see tensor_bytes), so a model larger than memory can be converted.
+
+    leave_in_file=True leaves the main graph's large fp32 raw payloads in the file: each such
+    initializer is parsed as external data that points at its own payload in this file (which is
+    what it is), so the parse copies none of them, and a payload the rewrite replaces with fp16
+    never sits in memory at all. `left_in_file.inline(model)` reads back the ones still there
+    before the model is written. Where the file's encoding is one the walk does not follow
+    (wire.py), the file is parsed whole, as without the option."""
     path = Path(path)
     where = str(path)
     if not path.exists():
@@ -61,7 +76,7 @@ def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedMod
         raise AutocastError("is a directory, not an ONNX file", where, "pass the .onnx file inside it")
     model = onnx.ModelProto()
     try:
-        size = _parse_file(path, model)
+        size, left = _parse_file(path, model, leave_in_file and not load_external)
     except OSError as exc:
         raise AutocastError(f"cannot read file: {exc.strerror}", where, "check its permissions") from None
     except (DecodeError, RuntimeError, ValueError):
@@ -74,24 +89,26 @@ def load_model(path: str | os.PathLike, load_external: bool = True) -> LoadedMod
         raise AutocastError("file is empty", where, "re-export the model")
     if not model.HasField("graph") or (not model.opset_import and model.ir_version == 0):
         raise AutocastError("not an ONNX model (no graph or opset in the file)", where, "pass a .onnx model file")
-    loaded = LoadedModel(model=model, path=path, file_bytes=size)
-    files = set()
-    for tensor in _graph_tensors(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+    loaded = LoadedModel(model=model, path=path, file_bytes=size, left_in_file=left, external_checked=True)
+    files: dict = {}
+    ours = left.ordinals if left is not None else frozenset()
+    for ordinal, tensor in enumerate(_graph_tensors(model.graph)):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and ordinal not in ours:
             if load_external:
-                files.add(load_external_tensor(tensor, path.parent, where))
+                load_external_tensor(tensor, path.parent, where, files)
             else:
-                files.add(external_location(tensor, path.parent, where)[3])
+                external_location(tensor, path.parent, where, files)
     loaded.external_data = bool(files)
     loaded.external_files = sorted(files)
     return loaded
 
 
-def _parse_file(path: Path, model: onnx.ModelProto) -> int:
-    """Parse the file at `path` into `model`; returns its size in bytes (0: nothing parsed). The
-    file is mapped rather than read: the parser copies what it keeps, so the file's bytes need not
-    be copied into memory first (0.1 s and the file's size of memory for 190 MB). A file that
-    cannot be mapped (empty, a pipe) is read."""
+def _parse_file(path: Path, model: onnx.ModelProto, leave_in_file: bool = False) -> tuple[int, PayloadsInFile | None]:
+    """Parse the file at `path` into `model`; returns its size in bytes (0: nothing parsed) and
+    the payloads left in it (leave_in_file; see load_model). The file is mapped rather than read:
+    the parser copies what it keeps, so the file's bytes need not be copied into memory first
+    (0.1 s and the file's size of memory for 190 MB). A file that cannot be mapped (empty, a
+    pipe) is read."""
     with open(path, "rb") as fh:
         try:
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -99,10 +116,118 @@ def _parse_file(path: Path, model: onnx.ModelProto) -> int:
             data = fh.read()
             if data:
                 model.ParseFromString(data)
-            return len(data)
+            return len(data), None
         with mapped, memoryview(mapped) as view:
-            model.ParseFromString(view)
-            return len(view)
+            left = _parse_leaving_payloads(view, path, model, os.fstat(fh.fileno())) if leave_in_file else None
+            if left is None:
+                model.ParseFromString(view)
+            return len(view), left if left else None  # parsed, with nothing left in the file
+
+
+def _parse_leaving_payloads(view: memoryview, path: Path, model: onnx.ModelProto, st) -> PayloadsInFile | None:
+    """Parse `view` (the mapped file at `path`) into `model` with the main graph's large plain
+    fp32 payloads left in the file, as external data at their own offsets (possibly none: each
+    payload that does not fit its tensor's dims is put back); None, with nothing parsed, when the
+    file has no such payload or an encoding the walk does not follow."""
+    base = path.parent.resolve()
+    if not (base / path.name).resolve().is_relative_to(base):
+        return None  # a link to a file elsewhere: its data would be refused as outside the folder
+    try:
+        graph = wire.main_graph(view)
+        chosen = [
+            init
+            for init in wire.initializers(view, graph)
+            if init.plain and init.dtype == onnx.TensorProto.FLOAT and init.raw is not None
+            and init.raw[2] >= LEFT_IN_FILE_MIN_BYTES and not init.raw[2] % 4
+        ]  # fmt: skip
+    except (wire.Unwalked, IndexError):
+        return None
+    if not chosen:
+        return None
+    location = wire.string_entry(13, "location", path.name)
+    pieces: list = []
+    pos, size = graph[1], 0
+    for init in chosen:
+        raw_key, raw_start, length = init.raw
+        offset, count = b"%d" % raw_start, b"%d" % length
+        # the tensor without its raw_data, then external_data entries (field 13) for location,
+        # offset and length, then data_location = EXTERNAL (field 14, given last: it wins over
+        # an earlier one)
+        tail = b"%b\x6a%c\x0a\x06offset\x12%c%b\x6a%c\x0a\x06length\x12%c%b\x70\x01" % (
+            location,
+            10 + len(offset),
+            len(offset),
+            offset,
+            10 + len(count),
+            len(count),
+            count,
+        )
+        header = b"\x2a" + wire.encode_varint((raw_key - init.start) + (init.stop - raw_start - length) + len(tail))
+        pieces += (view[pos : init.key], header, view[init.start : raw_key], view[raw_start + length : init.stop], tail)
+        size += (init.key - pos) + len(header) + (raw_key - init.start) + (init.stop - raw_start - length) + len(tail)
+        pos = init.stop
+    pieces.append(view[pos : graph[2]])
+    size += graph[2] - pos
+    head = [view[: graph[0]], bytes([wire.GRAPH_KEY]), wire.encode_varint(size)]
+    model.ParseFromString(b"".join(head + pieces + [view[graph[2] :]]))
+    del pieces, head
+    inits = model.graph.initializer
+    left = []
+    for init in chosen:
+        tensor = inits[init.ordinal]
+        raw_start, length = init.raw[1], init.raw[2]
+        if 4 * math.prod(tensor.dims) != length:  # a payload that does not fit its dims stays as it was
+            _restore(tensor, bytes(view[raw_start : raw_start + length]))
+            continue
+        left.append((init.ordinal, tensor, raw_start, length))
+    return PayloadsInFile(path, left, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+class PayloadsInFile:
+    """The fp32 payloads load_model left in the model's file (leave_in_file=True), and how to
+    read back those the conversion kept before the model is written."""
+
+    def __init__(self, path: Path, tensors: list, identity: tuple):
+        self.path = path
+        self._tensors = tensors  # (ordinal, TensorProto, offset, length)
+        self.ordinals = frozenset(t[0] for t in tensors)
+        self._identity = identity
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def inline(self) -> int:
+        """Read the payloads still left in the file into their tensors (raw_data, no longer
+        external), from the file as it was loaded; returns how many. Refuses a file that was
+        replaced or rewritten since it was loaded: what was read from it may not be the model."""
+        where = str(self.path)
+        try:
+            fh = open(self.path, "rb")
+        except OSError as exc:
+            raise AutocastError(
+                f"the input model can no longer be read: {exc.strerror}", where, "convert it again"
+            ) from None
+        with fh:
+            st = os.fstat(fh.fileno())
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._identity:
+                raise AutocastError(
+                    "the input model changed while it was being converted",
+                    where,
+                    "convert it again once nothing else writes to it",
+                )
+            count = 0
+            for _, tensor, offset, length in self._tensors:
+                if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                    continue  # the conversion replaced it
+                fh.seek(offset)
+                payload = fh.read(length)
+                if len(payload) != length:
+                    raise AutocastError("the input model was truncated while it was being converted", where,
+                                        "convert it again once nothing else writes to it")  # fmt: skip
+                _restore(tensor, payload)
+                count += 1
+        self._tensors = []
+        return count
 
 
 def _graph_tensors(graph: onnx.GraphProto):
@@ -110,28 +235,25 @@ def _graph_tensors(graph: onnx.GraphProto):
     yield from graph.initializer
 
 
-def external_location(tensor: onnx.TensorProto, base_dir: Path, where: str) -> tuple[Path, int, int, str]:
+def external_location(
+    tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None
+) -> tuple[Path, int, int, str]:
     """(file, offset, length, location) of an external tensor, after refusing locations outside
-    `base_dir`, missing files and ranges beyond the file. Reads nothing."""
+    `base_dir`, missing files and ranges beyond the file. Reads nothing. `files` (location ->
+    (file, size), filled here) lets a caller that checks many tensors at once look at each file
+    once."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     what = f"initializer '{tensor.name}'"
     if not location:
         raise AutocastError(f"{what} has external data without a location", where, "re-save the model")
-    loc = Path(location)
-    base = Path(base_dir).resolve()
-    target = (base / loc).resolve()
-    if loc.is_absolute() or ".." in loc.parts or not target.is_relative_to(base):
-        raise AutocastError(
-            f"{what}: external data location '{location}' is outside the model's folder",
-            where,
-            "external data must sit beside the model; refusing to read it",
-        )
-    if not target.is_file():
-        raise AutocastError(
-            f"{what}: external data file '{location}' is missing", where, "copy the data file next to the model"
-        )
-    size = target.stat().st_size
+    known = files.get(location) if files is not None else None
+    if known is not None:
+        target, size = known
+    else:
+        target, size = _external_file(base_dir, location, what, where)
+        if files is not None:
+            files[location] = (target, size)
     try:
         offset = int(info.get("offset", 0) or 0)
         length = int(info["length"]) if info.get("length") else size - offset
@@ -152,6 +274,40 @@ def external_location(tensor: onnx.TensorProto, base_dir: Path, where: str) -> t
     return target, offset, length, location
 
 
+def _external_file(base_dir: Path, location: str, what: str, where: str) -> tuple[Path, int]:
+    """The file an external-data location names and its size, after refusing one outside
+    `base_dir` and a missing one."""
+    # a model's tensors share a few files: where a location leads is worked out once per folder
+    # (resolving a path is ~25 us; a model can hold 100k external tensors)
+    key = (str(base_dir), location)
+    target = _LOCATED.get(key)
+    if target is None:
+        loc = Path(location)
+        base = Path(base_dir).resolve()
+        target = (base / loc).resolve()
+        if loc.is_absolute() or ".." in loc.parts or not target.is_relative_to(base):
+            raise AutocastError(
+                f"{what}: external data location '{location}' is outside the model's folder",
+                where,
+                "external data must sit beside the model; refusing to read it",
+            )
+        if len(_LOCATED) >= 4096:
+            _LOCATED.clear()
+        _LOCATED[key] = target
+    try:
+        st = os.stat(target)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise AutocastError(
+            f"{what}: external data file '{location}' is missing", where, "copy the data file next to the model"
+        )
+    return target, st.st_size
+
+
+_LOCATED: dict[tuple[str, str], Path] = {}  # (folder, location) -> the file, checked to be inside the folder
+
+
 def read_external(tensor: onnx.TensorProto, base_dir: Path, where: str = "<model>") -> bytes:
     target, offset, length, _ = external_location(tensor, base_dir, where)
     with open(target, "rb") as fh:
@@ -159,12 +315,14 @@ def read_external(tensor: onnx.TensorProto, base_dir: Path, where: str = "<model
         return fh.read(length)
 
 
-def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str) -> str:
+def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None) -> str:
     """Read one tensor's external bytes into raw_data, refusing locations outside `base_dir`."""
-    location = external_location(tensor, base_dir, where)[3]
-    tensor.raw_data = read_external(tensor, base_dir, where)
+    target, offset, length, location = external_location(tensor, base_dir, where, files)
+    with open(target, "rb") as fh:
+        fh.seek(offset)
+        tensor.raw_data = fh.read(length)
     del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.ClearField("data_location")
     return location
 
 
@@ -620,7 +778,7 @@ def save_model(
                     raw = read_external(tensor, source_dir, str(in_path))
                     moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
                     del tensor.external_data[:]
-                    tensor.data_location = onnx.TensorProto.DEFAULT
+                    tensor.ClearField("data_location")
                     tensor.raw_data = raw
                     payload = None
         if payload is None or external_data:
@@ -794,7 +952,7 @@ def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: 
 
 def _restore(tensor: onnx.TensorProto, original) -> None:
     del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.ClearField("data_location")
     if isinstance(original, bytes):
         tensor.raw_data = original
     else:
@@ -804,8 +962,7 @@ def _restore(tensor: onnx.TensorProto, original) -> None:
 def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.HasField("raw_data"):
         return len(tensor.raw_data)
-    count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-    return count * ITEMSIZE.get(tensor.data_type, 4)
+    return math.prod(tensor.dims) * ITEMSIZE.get(tensor.data_type, 4)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -73,9 +73,9 @@ class ConversionResult:
     # inferred on the input (tensor name -> (elem type, shape)); None over report.cost.LIMIT_NODES
     shapes: Mapping | None = field(default=None, repr=False)
     macs: list | None = field(default=None, repr=False)  # (node id, multiply-accumulates) per MatMul/Gemm/Conv
-    # whether the input had initializers stored as external data (any graph): a save in one
+    # how many initializers of the input (any graph) are stored as external data: a save in one
     # piece has to find and inline those it did not convert; without any it skips the search
-    external_tensors: bool = field(default=True, repr=False)
+    external_tensors: int = field(default=1, repr=False)
 
     @property
     def casts_added(self) -> int:
@@ -308,12 +308,12 @@ def _convert_loaded(
     try:
         with _no_gc():
             t = time.perf_counter()
-            index = build_index(model, where, loaded.path.parent if loaded.path else None)
+            index = build_index(model, where, loaded.path.parent if loaded.path else None, loaded.external_checked)
             training, scale = _training_setup(
                 model, index, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where
             )
             if scale is not None:  # the backward seed became the scale: index the graph as it is now
-                index = build_index(model, where, loaded.path.parent if loaded.path else None)
+                index = build_index(model, where, loaded.path.parent if loaded.path else None, loaded.external_checked)
                 if screen is not None:  # it screened the model as it was
                     screen.close()
                     screen = None
@@ -528,7 +528,10 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     t = time.perf_counter()
     # External data stays on disk until a tensor is needed (and unchanged tensors are copied
     # across file to file), so memory follows the weights that are converted, not the model.
-    loaded = load_model(in_path, load_external=False)
+    # With the weight screen running (a model in memory, fp16), the main graph's fp32 payloads are
+    # left in the input file: the screen's worker converts them from it, so the rewrite never needs
+    # them in memory, and those kept fp32 are read back before the save.
+    loaded = load_model(in_path, load_external=False, leave_in_file=screen is not None)
     timings = {"load": time.perf_counter() - t}
     _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
     check = options.pop("check", "basic")
@@ -554,6 +557,10 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
         external_data = True if loaded.external_data else (None if big else False)
     # Serialize once for both the check and the file when the model is written in one piece.
     in_memory = not big and not external_data
+    left = loaded.left_in_file
+    if left is not None and not in_memory:  # payloads left in the file are for a model written in one piece
+        left.inline()
+        left = None
     # an external-data output receives the converted weights as they are produced (memory does not
     # grow with them); the file stays a temporary until save_model renames it
     spill = None
@@ -569,6 +576,9 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
         if spill is not None:
             spill.discard()
         raise
+    if left is not None:  # the fp32 payloads the conversion kept, read back from the input file
+        result.external_tensors -= len(left)  # the index counted them as external
+        left.inline()
     serialized: dict = {}  # the payload is handed over, not kept here: save_model lets go of it
     verify = None
     t_save = time.perf_counter()  # the serialization is part of the save
@@ -596,7 +606,7 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
             source_dir=in_path.parent,
             restore=not external_data,
             spill=spill,
-            find_external=result.external_tensors,
+            find_external=result.external_tensors > 0,
             verify=verify,
         )
     finally:

@@ -135,11 +135,15 @@ class Scope:
 class GraphIndex:
     """Everything the planner needs to read about a model, in linear-size structures."""
 
-    def __init__(self, model: onnx.ModelProto, where: str = "<model>", base_dir: Path | None = None):
+    def __init__(
+        self, model: onnx.ModelProto, where: str = "<model>", base_dir: Path | None = None, main_checked: bool = False
+    ):
         self.model = model
+        self._main_checked = main_checked
         self.where = where
         self.base_dir = base_dir
-        self.external_tensors = False  # any initializer of any graph stored as external data
+        self.external_tensors = 0  # initializers of any graph stored as external data
+        self._external_files: dict = {}  # location -> (file, size), each file looked at once
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         self.scopes: list[Scope] = []
         self._output_rules: dict = {}
@@ -184,7 +188,7 @@ class GraphIndex:
             scope.inputs.append(value)
         for init in graph.initializer:
             if init.data_location == TensorProto.EXTERNAL:
-                self.external_tensors = True
+                self.external_tensors += 1
                 if self.base_dir is None:
                     raise AutocastError(
                         f"initializer '{init.name}' uses external data but the model has no folder",
@@ -193,7 +197,8 @@ class GraphIndex:
                     )
                 from ..io import external_location
 
-                external_location(init, self.base_dir, self.where)  # checked now, read when needed
+                if scope.parent is not None or not self._main_checked:  # checked now, read when needed
+                    external_location(init, self.base_dir, self.where, self._external_files)
             existing = values.get(init.name)
             if existing is not None and existing.kind == "input":
                 existing.initializer = init  # an input with a default value: stays an input
@@ -686,6 +691,10 @@ _SPECIAL = {
 }
 
 
-def build_index(model: onnx.ModelProto, where: str = "<model>", base_dir: Path | None = None) -> GraphIndex:
-    """Index `model`; raise AutocastError for broken graphs (cycles, dangling inputs, duplicates)."""
-    return GraphIndex(model, where, base_dir)
+def build_index(
+    model: onnx.ModelProto, where: str = "<model>", base_dir: Path | None = None, main_checked: bool = False
+) -> GraphIndex:
+    """Index `model`; raise AutocastError for broken graphs (cycles, dangling inputs, duplicates).
+    External data locations are checked, except the main graph's where `main_checked` says that
+    the loader did so already (io.load_model)."""
+    return GraphIndex(model, where, base_dir, main_checked)

@@ -737,7 +737,8 @@ def _check_constants(values, target: int, thresholds, payloads: dict | None = No
             if done is not None:
                 payloads[id(tensor)] = done[0]
                 if done[1]:
-                    verdict = _verdict(value, np.frombuffer(tensor.raw_data, dtype="<f4"), target, thresholds)
+                    verdict = _verdict(value, np.frombuffer(tensor_bytes(tensor, value.scope.base_dir), dtype="<f4"),
+                                       target, thresholds)  # fmt: skip
                     if verdict:
                         out[id(value)] = verdict
                 continue

@@ -35,6 +35,7 @@ import threading
 import numpy as np
 from onnx import TensorProto
 
+from .. import wire
 from ..errors import InternalCheckError
 from ..hazards import fp16_lost
 
@@ -44,7 +45,6 @@ MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than 
 MAX_PARENT_BYTES = 256 * 2**20  # resident bytes of this process above which it does not fork
 _GROUP_BYTES = 4 * 2**20  # fp32 bytes the worker converts and screens at a time (cache-sized)
 _FLOAT = TensorProto.FLOAT
-_EXTERNAL = TensorProto.EXTERNAL
 
 
 class WeightScreen:
@@ -214,91 +214,13 @@ def _work(path, buffer: mmap.mmap, fd: int) -> None:
     os.close(fd)
 
 
-class _Unwalked(Exception):
-    """An encoding the walk below does not follow (the worker then fails, and the main process
-    screens in process)."""
-
-
-def _varint(data, pos: int) -> tuple[int, int]:
-    byte = data[pos]
-    if byte < 0x80:
-        return byte, pos + 1
-    value, shift = byte & 0x7F, 7
-    while True:
-        pos += 1
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos + 1
-        shift += 7
-
-
-def _skip(data, pos: int, wire: int) -> int:
-    if wire == 0:
-        return _varint(data, pos)[1]
-    if wire == 2:
-        length, pos = _varint(data, pos)
-        return pos + length
-    if wire == 1:
-        return pos + 8
-    if wire == 5:
-        return pos + 4
-    raise _Unwalked(f"wire type {wire}")
-
-
 def _fp32_payloads(data):
     """(ordinal, name, start, length) of the raw fp32 payload of each initializer of the main
-    graph of the serialized ModelProto `data`, in the order protobuf parses them. ModelProto.graph
-    is field 7; GraphProto.initializer field 5; TensorProto: data_type 2, name 8, raw_data 9,
-    data_location 14. A second graph field (which a parser would merge) is not walked."""
-    end = len(data)
-    pos = 0
-    graph = None
-    while pos < end:
-        key, pos = _varint(data, pos)
-        if key == (7 << 3 | 2):
-            length, pos = _varint(data, pos)
-            if graph is not None:
-                raise _Unwalked("two graph fields")
-            graph = (pos, pos + length)
-            pos += length
-        else:
-            pos = _skip(data, pos, key & 7)
-    if graph is None or pos != end:
-        raise _Unwalked("no graph")
-    pos, end = graph
-    ordinal = 0
-    while pos < end:
-        key, pos = _varint(data, pos)
-        if key != (5 << 3 | 2):
-            pos = _skip(data, pos, key & 7)
-            continue
-        length, pos = _varint(data, pos)
-        stop = pos + length
-        dtype, name, raw, location = 0, b"", None, 0
-        while pos < stop:
-            key, pos = _varint(data, pos)
-            if key == (2 << 3):
-                dtype, pos = _varint(data, pos)
-            elif key == (8 << 3 | 2):
-                n, pos = _varint(data, pos)
-                name = bytes(data[pos : pos + n])
-                pos += n
-            elif key == (9 << 3 | 2):
-                n, pos = _varint(data, pos)
-                raw = (pos, n)
-                pos += n
-            elif key == (14 << 3):
-                location, pos = _varint(data, pos)
-            else:
-                pos = _skip(data, pos, key & 7)
-        if pos != stop:
-            raise _Unwalked("a tensor overruns its length")
-        if dtype == _FLOAT and raw is not None and raw[1] and not raw[1] % 4 and location != _EXTERNAL:
-            yield ordinal, name, raw[0], raw[1]
-        ordinal += 1
-    if pos != end:
-        raise _Unwalked("the graph overruns its length")
+    graph of the serialized ModelProto `data`, in the order protobuf parses them (wire.py walks
+    the encoding; an encoding it does not follow makes the worker fail)."""
+    for init in wire.initializers(data):
+        if init.dtype == _FLOAT and init.raw is not None and init.raw[2] and not init.raw[2] % 4 and not init.external:
+            yield init.ordinal, init.name, init.raw[1], init.raw[2]
 
 
 def _identity(path) -> tuple:

@@ -430,7 +430,7 @@ def _store(source, copy, dst, payload, stats, source_bytes, spill=None) -> None:
             source.ClearField(fld)
         if is_external(source):
             del source.external_data[:]
-            source.data_location = TensorProto.DEFAULT
+            source.ClearField("data_location")
         source.data_type = dst
         if spill is None or not spill.put(source, payload):
             source.raw_data = bytes(payload)
