@@ -131,7 +131,11 @@ else:
 def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int]:
     """Wall time (interpreter start and exit included) and peak RSS of one child process."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(dst)], capture_output=True, text=True)
+    # run in the model's folder: `python -c` puts the working folder first on sys.path, so from a
+    # checkout's root the child would import that checkout instead of the one PYTHONPATH names
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(src), str(dst)], capture_output=True, text=True, cwd=src.parent
+    )
     wall = time.perf_counter() - start
     if out.returncode:
         raise SystemExit(f"{mode} failed on {src}:\n{out.stderr}")
