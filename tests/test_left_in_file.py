@@ -206,18 +206,24 @@ def test_a_link_to_a_model_elsewhere_is_parsed_whole(monkeypatch, tmp_path):
     assert (tmp_path / "here" / "out.onnx").read_bytes() == (tmp_path / "store" / "out.onnx").read_bytes()
 
 
+def four_floats_stored_at(name: str, location: str, offset: int) -> TensorProto:
+    """A float[4] initializer whose 16 bytes are external data at `location`, `offset`."""
+    tensor = helper.make_tensor(name, TensorProto.FLOAT, [4], [0.0] * 4)
+    tensor.ClearField("float_data")
+    for key, value in (("location", location), ("offset", str(offset)), ("length", "16")):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = TensorProto.EXTERNAL
+    return tensor
+
+
 def test_a_subgraph_location_outside_the_folder_is_still_refused(monkeypatch, tmp_path):
     """The index leaves the main graph's locations to the loader, which checked them, but still
     checks those of subgraph bodies."""
     (tmp_path / "secret.bin").write_bytes(b"\0" * 64)
     folder = tmp_path / "model"
     folder.mkdir()
-    hostile = helper.make_tensor("c", TensorProto.FLOAT, [4], [0.0] * 4)
-    hostile.ClearField("float_data")
-    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "16")):
-        entry = hostile.external_data.add()
-        entry.key, entry.value = key, value
-    hostile.data_location = TensorProto.EXTERNAL
+    hostile = four_floats_stored_at("c", "../secret.bin", 0)
     branch = helper.make_graph(
         [helper.make_node("Identity", ["c"], ["out"], name="inner")],
         "branch",
@@ -248,12 +254,7 @@ def test_a_location_is_resolved_once_but_a_file_gone_is_still_seen(tmp_path):
     """external_location remembers where a location leads, not that its file is there."""
     data = tmp_path / "w.data"
     data.write_bytes(b"\0" * 64)
-    tensor = helper.make_tensor("w", TensorProto.FLOAT, [4], [0.0] * 4)
-    tensor.ClearField("float_data")
-    for key, value in (("location", "w.data"), ("offset", "16"), ("length", "16")):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
-    tensor.data_location = TensorProto.EXTERNAL
+    tensor = four_floats_stored_at("w", "w.data", 16)
     assert external_location(tensor, tmp_path, "m.onnx")[1:] == (16, 16, "w.data")
     assert (str(tmp_path), "w.data") in io_module._LOCATED
     data.write_bytes(b"\0" * 20)
