@@ -308,22 +308,16 @@ def _external_file(base_dir: Path, location: str, what: str, where: str) -> tupl
 _LOCATED: dict[tuple[str, str], Path] = {}  # (folder, location) -> the file, checked to be inside the folder
 
 
-def read_external(tensor: onnx.TensorProto, base_dir: Path, where: str = "<model>") -> bytes:
-    target, offset, length, _ = external_location(tensor, base_dir, where)
+def read_external(tensor: onnx.TensorProto, base_dir: Path, where: str = "<model>", files: dict | None = None) -> bytes:
+    target, offset, length, _ = external_location(tensor, base_dir, where, files)
     with open(target, "rb") as fh:
         fh.seek(offset)
         return fh.read(length)
 
 
-def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None) -> str:
+def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None) -> None:
     """Read one tensor's external bytes into raw_data, refusing locations outside `base_dir`."""
-    target, offset, length, location = external_location(tensor, base_dir, where, files)
-    with open(target, "rb") as fh:
-        fh.seek(offset)
-        tensor.raw_data = fh.read(length)
-    del tensor.external_data[:]
-    tensor.ClearField("data_location")
-    return location
+    _restore(tensor, read_external(tensor, base_dir, where, files))
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
