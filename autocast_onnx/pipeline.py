@@ -47,6 +47,7 @@ from .rewrite.loss_scale import (
     seed_loss_scale,
     unscale_gradients,
 )
+from .splice import HeldPayloads
 
 # Checks run on every converted model: "basic" is onnx.checker (structure, schemas, attributes);
 # "full" adds ONNX shape and type inference over the whole graph (as slow as the conversion itself
@@ -76,6 +77,9 @@ class ConversionResult:
     # how many initializers of the input (any graph) are stored as external data: a save in one
     # piece has to find and inline those it did not convert; without any it skips the search
     external_tensors: int = field(default=1, repr=False)
+    # payloads convert_file's save spliced into the file but has not yet given to their tensors
+    # (splice.py): given on the first read of `model`, which the command line never makes
+    _held: HeldPayloads | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def casts_added(self) -> int:
@@ -92,6 +96,23 @@ class ConversionResult:
             f"ConversionResult({self.plan!r}, {self.stats.casts_added} casts added, initializer bytes "
             f"{self.initializer_bytes_before:,} -> {self.initializer_bytes_after:,})"
         )
+
+
+def _whole_model(result: ConversionResult) -> onnx.ModelProto:
+    held = result.__dict__.get("_held")
+    if held is not None:
+        result._held = None
+        held.inline()
+    return result.__dict__["model"]
+
+
+def _set_model(result: ConversionResult, model: onnx.ModelProto) -> None:
+    result.__dict__["model"] = model
+
+
+# `model` reads as the converted model, whole: payloads still held for the splice are given to
+# their tensors on the first read (a property set after @dataclass, whose __init__ assigns it)
+ConversionResult.model = property(_whole_model, _set_model, doc="The converted model.")  # type: ignore[assignment]
 
 
 @contextmanager
@@ -259,9 +280,12 @@ def _convert_loaded(
     spill=None,
     low_precision_io=None,
     screen: WeightScreen | None = None,
+    held: HeldPayloads | None = None,
 ) -> ConversionResult:
     """Convert a loaded model. `screen` (a WeightScreen started on the model's file) is used
-    when the conversion screens fp16 payloads in memory, and stopped in any case."""
+    when the conversion screens fp16 payloads in memory, and stopped in any case. `held` (a
+    save in one piece follows) keeps converted payloads out of their tensors until the save
+    splices them in (splice.py)."""
     if plan is not None:
         plan = _replayed_plan(
             plan,
@@ -368,7 +392,7 @@ def _convert_loaded(
                 check_plan_fits(plan, index)
             timings["plan"] = time.perf_counter() - t
             t = time.perf_counter()
-            stats = apply_plan(index, plan, spill, payloads)
+            stats = apply_plan(index, plan, spill, payloads, held)
             payloads = None
             scaling = None
             if scale is not None and training is not None:
@@ -567,10 +591,13 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     if external_data and not stream:
         check_output_path(out_path, in_path)  # the folder exists and is writable before the spill opens there
         spill = PayloadSpill(out_path)
+    # a model written in one piece: the payloads converted in place stay where they were converted
+    # until the save splices them into the file's bytes (splice.py)
+    held = HeldPayloads() if in_memory else None
     try:
         result = _convert_loaded(
             loaded, check="none" if (big or in_memory or spill) else check, timings=timings, spill=spill,
-            screen=screen, **_api_options(options),
+            screen=screen, held=held, **_api_options(options),
         )  # fmt: skip
     except BaseException:
         if spill is not None:
@@ -579,11 +606,15 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     if left is not None:  # the fp32 payloads the conversion kept, read back from the input file
         result.external_tensors -= len(left)  # the index counted them as external
         left.inline()
+    if held is not None and result.external_tensors > 0:
+        held.inline()  # the save reads external tensors in and serializes the model itself
     serialized: dict = {}  # the payload is handed over, not kept here: save_model lets go of it
     verify = None
     t_save = time.perf_counter()  # the serialization is part of the save
     if in_memory:
-        serialized["payload"] = result.model.SerializeToString()  # once, for the file and the check
+        # once, for the file and the check (the splice makes an object per held tensor: no collector)
+        with _no_gc():
+            serialized["payload"] = held.serialize(result.model) if held else result.model.SerializeToString()
         if stream and check != "none":  # a FIFO or device cannot be read back: check before writing
             t = time.perf_counter()
             check_result(serialized["payload"], full=check == "full")
@@ -612,6 +643,8 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     finally:
         if spill is not None and spill.path.exists():  # save failed before renaming it
             spill.discard()
+    if held:
+        result._held = held  # given to the tensors if the caller reads result.model
     # a model in one piece was checked inside the save: its time is counted once, as check
     timings["save"] = time.perf_counter() - t_save - timings.get("check", 0.0)
     if check != "none" and (big or spill is not None):  # the weights are on disk: check the written files

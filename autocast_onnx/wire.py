@@ -63,6 +63,10 @@ def varint(data, pos: int) -> tuple[int, int]:
 
 
 def encode_varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)

@@ -83,7 +83,9 @@ class _Edit:
             self.head.setdefault(value.scope.id, []).append(proto)
 
 
-def apply_plan(index: GraphIndex, plan: PrecisionPlan, spill=None, payloads: dict | None = None) -> ApplyStats:
+def apply_plan(
+    index: GraphIndex, plan: PrecisionPlan, spill=None, payloads: dict | None = None, held=None
+) -> ApplyStats:
     """Edit the indexed model so that every node computes in its planned precision. The plan is
     the only input besides the model: its precisions and port roles say what each tensor's
     producer gives and what each consumer needs. Passes, in order:
@@ -98,15 +100,18 @@ def apply_plan(index: GraphIndex, plan: PrecisionPlan, spill=None, payloads: dic
       7. `write_nodes`: node lists written back in order with the new casts in place.
 
     With `spill` (io.PayloadSpill) the converted payloads go to the output's external-data file
-    as they are produced instead of staying in memory. `payloads` (id(TensorProto) -> fp16 bytes,
-    left by classification's data rules) are stored as they are instead of converting again."""
+    as they are produced instead of staying in memory. With `held` (splice.HeldPayloads, for a
+    save in one piece) the payloads of initializers converted in place stay in the buffers they
+    were converted into, and the save splices them into the encoding. `payloads`
+    (id(TensorProto) -> fp16 bytes, left by classification's data rules) are stored as they are
+    instead of converting again."""
     stats = ApplyStats()
     node_type = [_ELEM_TYPE[p] for p in plan.precisions]
     edit = _Edit(index, plan, node_type, stats, Names(index))
     _output_types(edit)
     _low_precision_inputs(edit)
     _insert_casts(edit)
-    _run_conversions(edit.jobs, stats, spill, payloads)
+    _run_conversions(edit.jobs, stats, spill, payloads, held)
     _retarget_attributes(edit)
     _declare_types(edit)
     for scope in index.scopes:
@@ -383,7 +388,7 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> 
     return False
 
 
-def _run_conversions(jobs, stats, spill=None, payloads=None) -> None:
+def _run_conversions(jobs, stats, spill=None, payloads=None, held=None) -> None:
     """Convert initializers. The common case (fp32 to fp16, no clamping) takes the payload the
     data rules already converted, or runs vectorised over chunks of tensors; the rest one by one.
     Sources stored as external data are read a chunk at a time, so only the converted payloads
@@ -396,7 +401,7 @@ def _run_conversions(jobs, stats, spill=None, payloads=None) -> None:
             continue
         done = payloads.pop(id(source), None) if payloads else None
         if done is not None:
-            _store(source, j[1], FLOAT16, done, stats, 2 * len(done), spill)
+            _store(source, j[1], FLOAT16, done, stats, 2 * len(done), spill, held)
         elif source.HasField("raw_data") or is_external(source):
             fast.append(j)
         else:
@@ -412,18 +417,19 @@ def _run_conversions(jobs, stats, spill=None, payloads=None) -> None:
             for k in group:
                 n = sizes[k] // 2
                 source, copy, dst, _, _ = fast[k]
-                _store(source, copy, dst, view[offset : offset + n], stats, sizes[k], spill)
+                _store(source, copy, dst, view[offset : offset + n], stats, sizes[k], spill, held)
                 offset += n
     for source, copy, dst, clamp, base_dir in rest:
         array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
-        _store(source, copy, dst, raw, stats, array.nbytes, spill)
+        _store(source, copy, dst, raw, stats, array.nbytes, spill, held)
 
 
-def _store(source, copy, dst, payload, stats, source_bytes, spill=None) -> None:
+def _store(source, copy, dst, payload, stats, source_bytes, spill=None, held=None) -> None:
     """Give the converted `payload` (bytes or a memoryview of the chunk) to its tensor: to the
-    output's external-data file when spilling, else as raw_data."""
+    output's external-data file when spilling, else to `held` (a tensor converted in place, for
+    a save in one piece), else as raw_data."""
     if copy is None:
         stats.initializer_bytes_delta += len(payload) - source_bytes
         for fld in ("float_data", "int32_data", "double_data"):
@@ -432,7 +438,9 @@ def _store(source, copy, dst, payload, stats, source_bytes, spill=None) -> None:
             del source.external_data[:]
             source.ClearField("data_location")
         source.data_type = dst
-        if spill is None or not spill.put(source, payload):
+        if spill is not None and spill.put(source, payload):
+            pass
+        elif held is None or not held.put(source, payload):
             source.raw_data = bytes(payload)
         stats.initializers_converted += 1
     else:

@@ -1,0 +1,156 @@
+"""Converted payloads held beside the model until it is written in one piece, then spliced into
+its encoding.
+
+The rewrite converts initializers into buffers that already exist: the weight screen's shared
+memory (plan/screen.py) or a chunk of tensors converted together. Giving each payload to its
+TensorProto copies every converted byte into the protobuf (0.13 s for the 70 MB of fp16 weights
+of a 100k-node chain, most of it the page faults of fresh memory), and serializing the model
+copies them all once more. A save in one piece instead serializes the model without them and
+splices each payload into that encoding while joining the file's bytes:
+
+    in memory:   Tensor{dims, data_type=FLOAT16, name}                 + held fp16 bytes
+    written:     Tensor{dims, data_type=FLOAT16, name, raw_data=...}     (the same bytes
+                 model.SerializeToString() gives once the payloads are in their tensors)
+
+How the splice finds the tensors: for the serialization only, each held tensor of the main
+graph gets a raw_data marker (a nonce drawn for this save and the tensor's rank), so its
+raw_data field sits exactly where protobuf puts one. A byte search finds the first marker; the
+first tensor's own encoding says where its field starts; from there the walk steps from
+initializer to initializer (one contiguous run of the graph's field 5), checking that each
+expected marker lies inside its tensor. Only the lengths that enclose a payload change: its
+tensor's, the raw_data field's, and the graph's. Anything that does not fit (a tensor held in
+a subgraph, an encoding the walk does not expect) is given its payload the ordinary way: the
+output is the same either way, only slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import onnx
+
+from . import wire
+
+log = logging.getLogger(__name__)
+
+HOLD_MIN_BYTES = 2048  # smaller payloads are copied into their tensors: splicing them costs more
+_NONCE_BYTES = 16
+_MARK_BYTES = _NONCE_BYTES + 8  # nonce + the tensor's rank among the held ones
+_MARK_FIELD = bytes([9 << 3 | 2, _MARK_BYTES])  # raw_data key and the marker's one-byte length
+
+
+class HeldPayloads:
+    """Converted payloads of whole initializers, held outside their tensors (which have no
+    raw_data meanwhile) until `serialize` splices them into the model's encoding or `inline`
+    gives them to the tensors."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[onnx.TensorProto, memoryview]] = {}  # id(tensor) -> (tensor, bytes)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def put(self, tensor: onnx.TensorProto, payload) -> bool:
+        """Hold `payload` (bytes-like) as the raw_data of `tensor`, whose own raw_data is
+        cleared; the tensor's other fields are the caller's to set. False (nothing held) for a
+        payload under HOLD_MIN_BYTES."""
+        view = memoryview(payload)
+        if view.nbytes < HOLD_MIN_BYTES:
+            return False
+        tensor.ClearField("raw_data")
+        self._held[id(tensor)] = (tensor, view if view.format == "B" and view.ndim == 1 else view.cast("B"))
+        return True
+
+    def inline(self) -> int:
+        """Give every held payload to its tensor; returns how many. The model is whole again."""
+        held, self._held = self._held, {}
+        for tensor, payload in held.values():
+            tensor.raw_data = payload.tobytes()
+        return len(held)
+
+    def serialize(self, model: onnx.ModelProto) -> bytes:
+        """The encoding of `model` with every held payload in its tensor: byte for byte what
+        `inline()` then `model.SerializeToString()` gives, without copying the payloads into
+        the tensors. The payloads stay held (and the tensors without them)."""
+        if not self._held:
+            return model.SerializeToString()
+        order = []  # (ordinal, tensor, payload) of the main graph's held tensors, in graph order
+        held = self._held
+        for ordinal, tensor in enumerate(model.graph.initializer):
+            entry = held.get(id(tensor))
+            if entry is not None:
+                order.append((ordinal, entry[0], entry[1]))
+        if len(order) != len(held):  # held in a subgraph (or no longer in the model): given now
+            placed = {id(t) for _, t, _ in order}
+            for key in [k for k in held if k not in placed]:
+                tensor, payload = held.pop(key)
+                tensor.raw_data = payload.tobytes()
+            if not order:
+                return model.SerializeToString()
+        nonce = os.urandom(_NONCE_BYTES)
+        for rank, (_, tensor, _) in enumerate(order):
+            tensor.raw_data = nonce + rank.to_bytes(8, "little")
+        try:
+            first = order[0][1].SerializeToString()
+            lean = model.SerializeToString()
+        finally:
+            for _, tensor, _ in order:
+                tensor.ClearField("raw_data")
+        try:
+            return _splice(lean, first, nonce, order)
+        except (wire.Unwalked, IndexError, ValueError) as exc:
+            log.debug("splice: %s; serializing with the payloads in their tensors", exc)
+        self.inline()
+        return model.SerializeToString()
+
+
+def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
+    """`lean` (the model's encoding with markers in place of the held payloads) with each marker
+    field replaced by its payload and the lengths that enclose them mended. `first` is the
+    encoding of the first held tensor, with its marker. Raises wire.Unwalked where the encoding
+    is not what `serialize` made."""
+    data = memoryview(lean)
+    graph_key, graph_start, graph_end = wire.main_graph(data)
+    mark0 = nonce + bytes(8)
+    found = lean.find(mark0, graph_start, graph_end)
+    inside = first.find(mark0)
+    if found < 0 or inside < 0:
+        raise wire.Unwalked("the first marker is missing")
+    body = found - inside  # where the first held tensor's encoding starts in the graph
+    header = b"\x2a" + wire.encode_varint(len(first))  # GraphProto.initializer, its length
+    pos = body - len(header)
+    if pos < graph_start or lean[pos:body] != header or lean[body : body + len(first)] != first:
+        raise wire.Unwalked("the first held tensor is not where its marker says")
+    pieces: list = [data[:graph_key], None]  # [1]: the graph's key and length, once known
+    copied = graph_start  # the lean bytes from here on are not yet among the pieces
+    grown = 0  # bytes the graph's body gains
+    ordinal = order[0][0]
+    rank, want, payload = 0, ordinal, order[0][2]
+    varint, encode, key = wire.varint, wire.encode_varint, wire.INITIALIZER_KEY
+    while True:
+        if data[pos] != key:
+            raise wire.Unwalked("the initializers are not one run of fields")
+        length, start = varint(data, pos + 1)
+        stop = start + length
+        if ordinal == want:
+            at = lean.find(nonce + rank.to_bytes(8, "little"), start, stop)
+            if at < 0 or not lean.startswith(_MARK_FIELD, at - 2):
+                raise wire.Unwalked(f"no marker in initializer #{ordinal}")
+            raw_field = b"\x4a" + encode(len(payload))
+            new_length = length - len(_MARK_FIELD) - _MARK_BYTES + len(raw_field) + len(payload)
+            new_header = b"\x2a" + encode(new_length)
+            pieces += (data[copied:pos], new_header, data[start : at - 2], raw_field, payload)
+            copied = at + _MARK_BYTES
+            grown += (len(new_header) - (start - pos)) + (new_length - length)
+            rank += 1
+            if rank == len(order):
+                break
+            want, _, payload = order[rank]
+        ordinal += 1
+        pos = stop
+        if pos >= graph_end:
+            raise wire.Unwalked("the graph ends before every held tensor was found")
+    pieces.append(data[copied:])
+    pieces[1] = bytes([wire.GRAPH_KEY]) + wire.encode_varint(graph_end - graph_start + grown)
+    return b"".join(pieces)

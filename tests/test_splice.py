@@ -1,0 +1,168 @@
+"""Converted payloads held beside the model and spliced into its encoding at the save (splice.py).
+
+A save in one piece keeps each converted initializer's payload where it was converted and writes
+the model's bytes with the payloads spliced in. Here: the bytes are exactly those protobuf writes
+for the model with the payloads in their tensors, whatever sits around a held tensor (other
+initializers, fields after raw_data, a held tensor in a subgraph or no longer in the model); an
+encoding the splice does not expect falls back to the ordinary serialization; and convert_file's
+output and returned model are those of a conversion that never held anything."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse, randn
+from onnx import TensorProto, helper, numpy_helper
+
+from autocast_onnx import splice, wire
+from autocast_onnx.pipeline import convert, convert_file
+from autocast_onnx.splice import HOLD_MIN_BYTES, HeldPayloads
+
+BIG = [32, 64]  # 8 KiB of fp32, 4 KiB once fp16: above HOLD_MIN_BYTES
+
+
+def weights_model() -> onnx.ModelProto:
+    """Big weights first, between and last among small and int64 initializers; one big weight
+    carries a doc_string (a field after raw_data); an If branch holds a big weight of its own."""
+    then_branch = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "w_body"], ["t"], name="body_mm")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(randn([64, 64], seed=9), "w_body")],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["h"], ["e"], name="body_id")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)],
+    )
+    model = parse(
+        """
+        net (float[2,32] x, bool c) => (float[2,64] y) {
+            [fc1] h = MatMul(x, w_first)
+            [fc2] y0 = MatMul(h, w_mid)
+            [add] y1 = Add(y0, bias)
+            [fc3] y2 = MatMul(y1, w_last)
+            [shape] s = Reshape(y2, shape)
+            [branch] y = If(c)
+        }
+        """,
+        w_first=randn(BIG, seed=1),
+        bias=randn([64], seed=2),
+        w_mid=randn([64, 64], seed=3),
+        shape=np.array([2, 64], dtype=np.int64),
+        w_last=randn([64, 64], seed=4),
+    )
+    branch = next(n for n in model.graph.node if n.name == "branch")
+    branch.attribute.extend([helper.make_attribute("then_branch", then_branch),
+                             helper.make_attribute("else_branch", else_branch)])  # fmt: skip
+    by_name = {t.name: t for t in model.graph.initializer}
+    by_name["w_mid"].doc_string = "documented: its doc_string follows raw_data"
+    return model
+
+
+def hold(model: onnx.ModelProto, names: set[str]) -> tuple[HeldPayloads, bytes]:
+    """Convert the named initializers (main graph or the If branch) to fp16, holding their
+    payloads; returns the held payloads and the bytes protobuf writes with them inline."""
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    held = HeldPayloads()
+    for graph, copy in ((model.graph, expected.graph), *_bodies(model, expected)):
+        for tensor, twin in zip(graph.initializer, copy.initializer):
+            if tensor.name in names:
+                half = numpy_helper.to_array(tensor).astype(np.float16).tobytes()
+                for t in (tensor, twin):
+                    t.data_type = TensorProto.FLOAT16
+                    t.raw_data = half
+                assert held.put(tensor, np.frombuffer(half, np.uint8))
+    return held, expected.SerializeToString()
+
+
+def _bodies(model, expected):
+    for node, twin in zip(model.graph.node, expected.graph.node):
+        for attr, attr_twin in zip(node.attribute, twin.attribute):
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield attr.g, attr_twin.g
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"w_first", "w_mid", "w_last"},  # the first initializer held
+        {"w_mid"},  # held between others, with a field after raw_data
+        {"w_last"},  # the last one only
+        {"w_first", "w_last", "w_body"},  # one of them in a subgraph: given to its tensor instead
+    ],
+    ids=["all-main", "middle-doc-string", "last", "with-subgraph"],
+)
+def test_the_splice_writes_the_bytes_protobuf_writes(names):
+    model = weights_model()
+    held, expected = hold(model, names)
+    assert len(held) == len(names)
+    written = held.serialize(model)
+    assert written == expected
+    main_held = {t.name for t in model.graph.initializer if t.name in names}
+    # the main graph's payloads stay held, out of their tensors; a subgraph's is given to it
+    assert len(held) == len(main_held)
+    assert all(not t.HasField("raw_data") for t in model.graph.initializer if t.name in main_held)
+    assert held.serialize(model) == expected  # a second save writes the same
+    assert held.inline() == len(main_held) and len(held) == 0
+    assert model.SerializeToString() == expected
+
+
+def test_small_payloads_go_to_their_tensors():
+    tensor = numpy_helper.from_array(np.zeros(HOLD_MIN_BYTES // 2 - 1, np.float16), "small")
+    held = HeldPayloads()
+    assert not held.put(tensor, tensor.raw_data) and len(held) == 0
+    assert len(tensor.raw_data) == HOLD_MIN_BYTES - 2
+
+
+def test_a_held_tensor_no_longer_in_the_model_is_given_its_payload():
+    model = weights_model()
+    held, _ = hold(model, {"w_first", "w_mid"})
+    gone = model.graph.initializer[0]
+    del model.graph.initializer[0]  # w_first, removed after its payload was held
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    by_name = {t.name: t for t in expected.graph.initializer}
+    by_name["w_mid"].raw_data = randn([64, 64], seed=3).astype(np.float16).tobytes()
+    assert held.serialize(model) == expected.SerializeToString()
+    assert len(held) == 1 and len(gone.raw_data) == 2 * 32 * 64
+
+
+def test_an_encoding_the_splice_does_not_expect_is_serialized_the_ordinary_way(monkeypatch):
+    model = weights_model()
+    held, expected = hold(model, {"w_first", "w_mid"})
+
+    def unexpected(*args):
+        raise wire.Unwalked("an encoding the splice does not expect")
+
+    monkeypatch.setattr(splice, "_splice", unexpected)
+    assert held.serialize(model) == expected
+    assert len(held) == 0  # given to their tensors on the way
+    assert model.SerializeToString() == expected
+
+
+def test_the_splice_refuses_an_encoding_without_its_markers():
+    model = weights_model()
+    hold(model, {"w_mid"})
+    first = model.graph.initializer[2]
+    with pytest.raises(wire.Unwalked, match="first marker"):
+        splice._splice(model.SerializeToString(), first.SerializeToString(), b"\x01" * 16, [(2, first, b"x")])
+
+
+def test_convert_file_writes_and_returns_what_an_in_memory_conversion_gives(tmp_path):
+    model = weights_model()
+    source = tmp_path / "net.onnx"
+    onnx.save(model, source)
+    result = convert_file(source, tmp_path / "out.onnx", check="full")
+    written = (tmp_path / "out.onnx").read_bytes()
+    assert written == convert(onnx.load(source)).model.SerializeToString()
+    # the converted weights were spliced into the file, not given to the tensors...
+    still = {t.name: t for t in result.__dict__["model"].graph.initializer}
+    assert still["w_first"].data_type == TensorProto.FLOAT16 and not still["w_first"].HasField("raw_data")
+    # ...until the model is read: then it is whole, and the same model as the file
+    assert result.model.SerializeToString() == written
+    assert len(result.model.graph.initializer[0].raw_data) == 2 * 32 * 64
