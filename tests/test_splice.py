@@ -153,16 +153,18 @@ def test_the_splice_refuses_an_encoding_without_its_markers():
         splice._splice(model.SerializeToString(), first.SerializeToString(), b"\x01" * 16, [(2, first, b"x")])
 
 
-def test_convert_file_writes_and_returns_what_an_in_memory_conversion_gives(tmp_path):
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_convert_file_writes_and_returns_what_an_in_memory_conversion_gives(tmp_path, precision):
     model = weights_model()
     source = tmp_path / "net.onnx"
     onnx.save(model, source)
-    result = convert_file(source, tmp_path / "out.onnx", check="full")
+    result = convert_file(source, tmp_path / "out.onnx", check="full", precision=precision)
     written = (tmp_path / "out.onnx").read_bytes()
-    assert written == convert(onnx.load(source)).model.SerializeToString()
+    assert written == convert(onnx.load(source), precision=precision).model.SerializeToString()
     # the converted weights were spliced into the file, not given to the tensors...
     still = {t.name: t for t in result.__dict__["model"].graph.initializer}
-    assert still["w_first"].data_type == TensorProto.FLOAT16 and not still["w_first"].HasField("raw_data")
+    low = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.BFLOAT16
+    assert still["w_first"].data_type == low and not still["w_first"].HasField("raw_data")
     # ...until the model is read: then it is whole, and the same model as the file
     assert result.model.SerializeToString() == written
     assert len(result.model.graph.initializer[0].raw_data) == 2 * 32 * 64
