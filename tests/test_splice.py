@@ -69,8 +69,8 @@ def hold(model: onnx.ModelProto, names: set[str]) -> tuple[HeldPayloads, bytes]:
     expected = onnx.ModelProto()
     expected.CopyFrom(model)
     held = HeldPayloads()
-    for graph, copy in ((model.graph, expected.graph), *_bodies(model, expected)):
-        for tensor, twin in zip(graph.initializer, copy.initializer):
+    for graph, twin_graph in ((model.graph, expected.graph), *_bodies(model, expected)):
+        for tensor, twin in zip(graph.initializer, twin_graph.initializer):
             if tensor.name in names:
                 half = numpy_helper.to_array(tensor).astype(np.float16).tobytes()
                 for t in (tensor, twin):
