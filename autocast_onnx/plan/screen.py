@@ -26,6 +26,7 @@ classification screens the weights itself, as it does without a worker.
 
 from __future__ import annotations
 
+import gc
 import logging
 import mmap
 import os
@@ -96,6 +97,7 @@ class WeightScreen:
             return None
         if pid == 0:  # the worker: never returns
             os.close(read_fd)
+            gc.disable()  # no cyclic collections: it keeps an object per initializer until it exits
             status = 1
             try:
                 _work(path, buffer, write_fd)
