@@ -59,7 +59,7 @@ class Value:
 class Node:
     __slots__ = ("_name", "domain", "id", "inputs", "op", "outputs", "pos", "proto", "scope", "subscopes")
 
-    def __init__(self, id_, proto, scope, pos, op, domain, input_names, output_names):
+    def __init__(self, id_, proto, scope, pos, op, domain, input_names, output_names, name):
         self.id = id_
         self.proto = proto
         self.scope = scope
@@ -69,12 +69,11 @@ class Node:
         self.inputs = input_names  # replaced by the Values (None: an omitted input) once resolved
         self.outputs = output_names  # replaced by a tuple of Value | None
         self.subscopes: tuple[Scope, ...] = ()
-        self._name = None
+        self._name = name
 
     @property
     def name(self) -> str:
-        if self._name is None:
-            self._name = self.proto.name
+        """The node's name as the model gives it ("" for an unnamed node)."""
         return self._name
 
     @property
@@ -162,8 +161,8 @@ class GraphIndex:
         protos = list(graph.node)
         # Fields are read from the protobuf once, in bulk: attribute access on protobuf messages
         # dominates the cost of large graphs.
-        fields = [(p.op_type, p.domain, p.input[:], p.output[:]) for p in protos]
-        if any(op in GRAPH_ATTR_OPS or domain not in KNOWN_NO_GRAPH_DOMAINS for op, domain, _, _ in fields):
+        fields = [(p.op_type, p.domain, p.input[:], p.output[:], p.name) for p in protos]
+        if any(op in GRAPH_ATTR_OPS or domain not in KNOWN_NO_GRAPH_DOMAINS for op, domain, _, _, _ in fields):
             self._walk_nodes(scope, protos, fields, resolve=False)
             del protos, fields
             has_subgraphs = self._resolve_inputs(scope)
@@ -231,9 +230,9 @@ class GraphIndex:
         ops: dict[str, str] = {}  # one string per op type: protobuf hands out a new one per read
         get = values.get
         for pos, proto in enumerate(protos):
-            op, domain, input_names, output_names = fields[pos]
+            op, domain, input_names, output_names, name = fields[pos]
             op = ops.setdefault(op, op)
-            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None)
+            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None, name)
             if resolve:
                 in_values = [get(name) if name else None for name in input_names]  # "": an omitted input
                 port = 0

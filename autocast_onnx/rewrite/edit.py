@@ -38,7 +38,7 @@ class Names:
     def fresh_node(self, base: str) -> str:
         """A node name used by no other node (built on first use: most conversions need few)."""
         if self._nodes is None:
-            self._nodes = {node.proto.name for node in self._index.nodes}
+            self._nodes = {node.name for node in self._index.nodes}
         return self._fresh(base, self._nodes)
 
 
