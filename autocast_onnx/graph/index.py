@@ -230,9 +230,9 @@ class GraphIndex:
         ops: dict[str, str] = {}  # one string per op type: protobuf hands out a new one per read
         get = values.get
         for pos, proto in enumerate(protos):
-            op, domain, input_names, output_names, name = fields[pos]
+            op, domain, input_names, output_names, node_name = fields[pos]
             op = ops.setdefault(op, op)
-            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None, name)
+            node = Node(base + pos, proto, scope, pos, op, domain, input_names, None, node_name)
             if resolve:
                 in_values = [get(name) if name else None for name in input_names]  # "": an omitted input
                 port = 0

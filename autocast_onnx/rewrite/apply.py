@@ -438,9 +438,8 @@ def _store(source, copy, dst, payload, stats, source_bytes, spill=None, held=Non
             del source.external_data[:]
             source.ClearField("data_location")
         source.data_type = dst
-        if spill is not None and spill.put(source, payload):
-            pass
-        elif held is None or not held.put(source, payload):
+        taken = (spill is not None and spill.put(source, payload)) or (held is not None and held.put(source, payload))
+        if not taken:
             source.raw_data = bytes(payload)
         stats.initializers_converted += 1
     else:
