@@ -81,6 +81,11 @@ class ConversionResult:
     # (splice.py): given on the first read of `model`, which the command line never makes
     _held: HeldPayloads | None = field(default=None, init=False, repr=False, compare=False)
 
+    def _graph(self) -> onnx.GraphProto:
+        """The converted main graph as it stands: its nodes and declarations are final, but a
+        payload still held for the splice is not given to its tensor (which reading `model` does)."""
+        return self.__dict__["model"].graph
+
     @property
     def casts_added(self) -> int:
         return self.stats.casts_added

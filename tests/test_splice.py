@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autocast_onnx import splice, wire
 from autocast_onnx.pipeline import convert, convert_file
+from autocast_onnx.report.cost import conversion_cost
 from autocast_onnx.splice import HOLD_MIN_BYTES, HeldPayloads
 
 BIG = [32, 64]  # 8 KiB of fp32, 4 KiB once fp16: above HOLD_MIN_BYTES
@@ -168,3 +169,18 @@ def test_convert_file_writes_and_returns_what_an_in_memory_conversion_gives(tmp_
     # ...until the model is read: then it is whole, and the same model as the file
     assert result.model.SerializeToString() == written
     assert len(result.model.graph.initializer[0].raw_data) == 2 * 32 * 64
+
+
+def test_the_summary_reads_the_nodes_without_giving_the_payloads_to_their_tensors(tmp_path):
+    """The command line prints the summary (its cost line lists the casts) and never reads the
+    model: the held payloads stay where they are."""
+    source = tmp_path / "net.onnx"
+    onnx.save(weights_model(), source)
+    result = convert_file(source, tmp_path / "out.onnx")
+    held = result.__dict__["_held"]
+    assert held is not None and len(held) == 3
+    cost = conversion_cost(result)
+    written = onnx.load(tmp_path / "out.onnx")
+    assert cost["computed"] and cost["casts"] == sum(n.op_type == "Cast" for n in written.graph.node) == 1
+    assert "casts added" in result.summary()
+    assert result.__dict__["_held"] is held and len(held) == 3

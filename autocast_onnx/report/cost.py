@@ -146,7 +146,8 @@ def conversion_cost(result) -> dict:
         return {"computed": False, "why": f"over {LIMIT_NODES:,} nodes: shape inference would double the time"}
     shapes = result.shapes
     added = set(result.stats.cast_outputs)
-    casts = [n for n in result.model.graph.node if n.op_type == "Cast" and n.output and n.output[0] in added]
+    # the nodes only: reading result.model would give every held payload to its tensor (splice.py)
+    casts = [n for n in result._graph().node if n.op_type == "Cast" and n.output and n.output[0] in added]
     cast_bytes, unknown_casts = 0, 0
     for node in casts:
         shape = shapes.get(node.input[0], shapes.get(node.output[0], (None, None)))[1]
