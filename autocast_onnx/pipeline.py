@@ -375,7 +375,7 @@ def _convert_loaded(
                     output_head=head,
                     macs=macs,
                     payloads=payloads,
-                    screened=screen.results(model) if screen is not None else None,
+                    screened=screen.results(model, index.main.initializer_names) if screen is not None else None,
                 )
                 unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
                 if strict and unmatched:

@@ -91,6 +91,7 @@ class Scope:
         "base_dir",
         "graph",
         "id",
+        "initializer_names",
         "inputs",
         "nodes",
         "order",
@@ -113,6 +114,7 @@ class Scope:
         self.attr_name = attr_name
         self.path = path
         self.values = {}
+        self.initializer_names: list[str] = []  # of graph.initializer, in its order
         self.nodes = []
         self.inputs = []
         self.outputs = []
@@ -185,28 +187,31 @@ class GraphIndex:
             value = Value(vi.name, scope, "input", _type_of(vi))
             values[vi.name] = value
             scope.inputs.append(value)
+        from ..io import external_location
+
+        names = scope.initializer_names
         for init in graph.initializer:
+            name = init.name
+            names.append(name)
             if init.data_location == TensorProto.EXTERNAL:
                 self.external_tensors += 1
                 if self.base_dir is None:
                     raise AutocastError(
-                        f"initializer '{init.name}' uses external data but the model has no folder",
+                        f"initializer '{name}' uses external data but the model has no folder",
                         self.where,
                         "load the model from its file",
                     )
-                from ..io import external_location
-
                 if scope.parent is not None or not self._main_checked:  # checked now, read when needed
                     external_location(init, self.base_dir, self.where, self._external_files)
-            existing = values.get(init.name)
+            existing = values.get(name)
             if existing is not None and existing.kind == "input":
                 existing.initializer = init  # an input with a default value: stays an input
                 continue
             if existing is not None:
                 raise AutocastError(
-                    f"initializer name '{init.name}' is defined twice in graph {path}", self.where, "rename one of them"
+                    f"initializer name '{name}' is defined twice in graph {path}", self.where, "rename one of them"
                 )
-            values[init.name] = Value(init.name, scope, "initializer", init.data_type, initializer=init)
+            values[name] = Value(name, scope, "initializer", init.data_type, initializer=init)
         for vi in graph.value_info:
             scope.value_info[vi.name] = _type_of(vi)
         for vi in graph.output:

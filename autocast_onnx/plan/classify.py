@@ -180,6 +180,7 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     by_signature: dict = {}
     planned = []
     categories, seeds, reasons = result.categories, result.seeds, result.reasons
+    roles_in, roles_out, pins_in_of, pins_out_of = result.roles_in, result.roles_out, result.pins_in, result.pins_out
     for node in index.nodes:
         nid = node.id
         cat = categories[nid]
@@ -201,11 +202,11 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
                 tmpl = templates[key] = _template(index, rules, domain, op, len(ins), len(outs), target_type)
             known = by_signature[signature] = (*_roles_of(tmpl, cat, op == "Cast" and domain == "", signature), tmpl)
         ri, ro, unknown, (t_in, t_out, pins_in, pins_out) = known
-        result.roles_in[nid] = ri
-        result.roles_out[nid] = ro
+        roles_in[nid] = ri
+        roles_out[nid] = ro
         unplanned = cat in _UNPLANNED
-        result.pins_in[nid] = pins_in
-        result.pins_out[nid] = pins_out
+        pins_in_of[nid] = pins_in
+        pins_out_of[nid] = pins_out
         if unknown:
             result.frozen[nid] = True
             reasons[nid].append(

@@ -107,11 +107,12 @@ class WeightScreen:
         os.close(write_fd)
         return cls(pid, read_fd, buffer, path, seen)
 
-    def results(self, model) -> dict | None:
+    def results(self, model, names: list[str] | None = None) -> dict | None:
         """name -> (fp16 bytes as a memoryview of the shared buffer, whether range was lost) for
         each screened initializer of the main graph of `model` (the file's model, as loaded and
-        not edited since); None when the worker failed. Read once: the views hold the shared
-        buffer, which goes when the caller lets go of them."""
+        not edited since); None when the worker failed. `names` (the names of the main graph's
+        initializers in order, as the index read them) spares reading them again. Read once: the
+        views hold the shared buffer, which goes when the caller lets go of them."""
         if self._done:
             raise InternalCheckError("the weight screen's results were read twice")
         self._done = True
@@ -127,7 +128,9 @@ class WeightScreen:
             _, status = os.waitpid(self._pid, 0)
         buffer, self._buffer = self._buffer, None
         message = b"".join(chunks)
-        out = _decode(message, model.graph.initializer, buffer) if status == 0 and buffer is not None else None
+        if names is None:
+            names = [t.name for t in model.graph.initializer]
+        out = _decode(message, names, buffer) if status == 0 and buffer is not None else None
         if out is None or _identity(self._path) != self._seen:
             log.debug("weight screen: the worker failed (status %d), screening in process", status)
             return None
@@ -146,9 +149,10 @@ class WeightScreen:
             self._buffer = None
 
 
-def _decode(message: bytes, inits, buffer: mmap.mmap) -> dict | None:
+def _decode(message: bytes, known: list[str], buffer: mmap.mmap) -> dict | None:
     """The worker's message (rows of ordinal, elements, lost, name length; then the names) as
-    name -> (fp16 view, lost), or None when it does not fit the loaded model."""
+    name -> (fp16 view, lost), or None when it does not fit the loaded model, whose initializers
+    are named `known` in order."""
     if len(message) < 8:
         return None
     n = int.from_bytes(message[:8], "little")
@@ -165,7 +169,7 @@ def _decode(message: bytes, inits, buffer: mmap.mmap) -> dict | None:
     for ordinal, count, lost, length in rows:
         name = names[at : at + length].decode("utf-8", "replace")
         at += length
-        if ordinal >= len(inits) or inits[ordinal].name != name:
+        if ordinal >= len(known) or known[ordinal] != name:
             return None
         out[name] = (view[2 * offset : 2 * (offset + count)], bool(lost))
         offset += count
