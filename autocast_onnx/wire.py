@@ -62,9 +62,13 @@ def varint(data, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
 def encode_varint(value: int) -> bytes:
+    """The varint encoding of a non-negative `value` (lengths, field keys)."""
     if value < 0x80:
-        return bytes((value,))
+        return _ONE_BYTE[value]
     if value < 0x4000:
         return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()

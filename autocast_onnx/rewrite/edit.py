@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..errors import InternalCheckError
 from ..graph import GraphIndex
+from ..wire import encode_varint
 
 
 class Names:
@@ -49,8 +50,8 @@ def cast_node(src: str, dst: str, name: str, to: int) -> bytes:
     AttributeProto: name=1, i=3, type=20 (INT=2)."""
     tail = _CAST_TAILS.get(to)
     if tail is None:
-        attr = b"\x0a\x02to\x18" + _varint(to) + b"\xa0\x01\x02"
-        tail = _CAST_TAILS[to] = b"\x22\x04Cast\x2a" + _varint(len(attr)) + attr
+        attr = b"\x0a\x02to\x18" + encode_varint(to) + b"\xa0\x01\x02"
+        tail = _CAST_TAILS[to] = b"\x22\x04Cast\x2a" + encode_varint(len(attr)) + attr
     return _field(b"\x0a", src) + _field(b"\x12", dst) + _field(b"\x1a", name) + tail
 
 
@@ -125,7 +126,7 @@ def append_nodes(graph, nodes) -> None:
     if not nodes:
         return
     parts = []
-    varint = _varint
+    varint = encode_varint
     for proto in nodes:
         payload = proto if proto.__class__ is bytes else proto.SerializeToString()
         parts.append(b"\x0a" + varint(len(payload)) + payload)
@@ -134,28 +135,4 @@ def append_nodes(graph, nodes) -> None:
 
 def _field(tag: bytes, text: str) -> bytes:
     data = text.encode("utf-8")
-    return tag + _varint(len(data)) + data
-
-
-_SMALL_VARINTS: list[bytes] = []
-
-
-def _varint(n: int) -> bytes:
-    if n < 16384 and _SMALL_VARINTS:
-        return _SMALL_VARINTS[n]
-    return _encode_varint(n)
-
-
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-_SMALL_VARINTS.extend(_encode_varint(i) for i in range(16384))
+    return tag + encode_varint(len(data)) + data
