@@ -583,7 +583,6 @@ def convert(
         from ..io import check_outputs, load_model
         from ..options import validate_options
         from ..pipeline import convert_file, default_output_path, plan_on_data
-        from ..validate.core import precheck
 
         if not run_validate:
             _refuse_unused(ctx, _COMPARE_ONLY, "without --validate", "add --validate or drop them")
@@ -600,9 +599,7 @@ def convert(
             from ..rewrite.loss_scale import parse_loss_scale
 
             parse_loss_scale(loss_scale)
-        from ..training.artifacts import is_artifacts_dir
-
-        if is_artifacts_dir(model):
+        if Path(model).is_dir() and _artifacts_folder(model):
             _refuse_unused(
                 ctx,
                 ("plan_file", "plan_out", "calibration_data", "targets", "run_validate", "external_data"),
@@ -656,6 +653,8 @@ def convert(
             )
             _require_training_runtime(model)
         elif run_validate:
+            from ..validate.core import precheck
+
             precheck(model, options)
         measured = plan_on_data(
             model,
@@ -714,6 +713,14 @@ def convert(
 
     passed = run_guarded(body, doing="converting", subject=model)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+def _artifacts_folder(path) -> bool:
+    """Whether the folder `path` is an onnxruntime-training artifacts folder (the training
+    package is imported only for a folder: a model file's conversion does not need it)."""
+    from ..training.artifacts import is_artifacts_dir
+
+    return is_artifacts_dir(path)
 
 
 def _convert_folder(model, output, plan, check, loss_scale, echo, written) -> bool:
