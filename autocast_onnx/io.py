@@ -196,6 +196,10 @@ class PayloadsInFile:
     def __len__(self) -> int:
         return len(self._tensors)
 
+    def sizes(self) -> dict[int, int]:
+        """id(TensorProto) -> payload bytes of each tensor still left in the file."""
+        return {id(t): length for _, t, _, length in self._tensors}
+
     def inline(self) -> int:
         """Read the payloads still left in the file into their tensors (raw_data, no longer
         external), from the file as it was loaded; returns how many. Refuses a file that was

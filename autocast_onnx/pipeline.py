@@ -150,12 +150,17 @@ def _constant_bytes(nodes) -> int:
     return total
 
 
-def _initializer_bytes(index) -> int:
+def _initializer_bytes(index, known: dict | None = None) -> int:
+    """Payload bytes of every initializer. `known` (id(TensorProto) -> bytes: the payloads the
+    loader left in the file, whose sizes it measured) spares working those out from dims."""
     total = 0
+    known = known or {}
     for scope in index.scopes:
         for value in scope.values.values():
-            if value.initializer is not None:
-                total += tensor_nbytes(value.initializer)
+            tensor = value.initializer
+            if tensor is not None:
+                size = known.get(id(tensor))
+                total += tensor_nbytes(tensor) if size is None else size
     return total
 
 
@@ -349,7 +354,8 @@ def _convert_loaded(
             low_io, low_io_notes = (
                 _low_precision_io(index, low_precision_io, training, where) if plan is None else ([], [])
             )
-            bytes_before = _initializer_bytes(index)
+            left = loaded.left_in_file
+            bytes_before = _initializer_bytes(index, left.sizes() if left is not None and scale is None else None)
             constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
             constant_bytes_before = _constant_bytes(constants)
             timings["index"] = time.perf_counter() - t

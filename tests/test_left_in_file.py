@@ -127,12 +127,18 @@ def test_a_conversion_from_payloads_left_in_the_file_writes_the_same_model(monke
     source = tmp_path / "mlp.onnx"
     onnx.save(mlp(), source)
     before = source.read_bytes()
-    (left_bytes, left_plan, result), (whole_bytes, whole_plan, _), left = conversions(
+    (left_bytes, left_plan, result), (whole_bytes, whole_plan, whole), left = conversions(
         monkeypatch, tmp_path, source, exclude_nodes=["fc2"]
     )
     assert left == [2, 0]
     assert left_bytes == whole_bytes
     assert left_plan == whole_plan
+    # the sizes of the payloads left in the file are the loader's, and the same
+    assert (
+        result.initializer_bytes_before
+        == whole.initializer_bytes_before
+        == sum(len(t.raw_data) if t.HasField("raw_data") else 4 * len(t.float_data) for t in mlp().graph.initializer)
+    )
     stored = {t.name: t for t in onnx.load_from_string(left_bytes).graph.initializer}
     assert stored["w_converted"].data_type == TensorProto.FLOAT16
     assert stored["w_kept"].data_type == TensorProto.FLOAT  # read back from the input file
