@@ -281,8 +281,9 @@ def _declare_types(edit: _Edit) -> None:
     index = edit.index
     low_io = frozenset(edit.plan.low_precision_io)
     by_scope: dict[int, dict] = {}
-    for value, t in edit.new_type.items():
-        by_scope.setdefault(value.scope.id, {})[value.name] = t
+    if any(len(scope.graph.value_info) for scope in index.scopes):  # else there is nothing to retype
+        for value, t in edit.new_type.items():
+            by_scope.setdefault(value.scope.id, {})[value.name] = t
     for scope in index.scopes:
         changed = by_scope.get(scope.id)
         if changed:
