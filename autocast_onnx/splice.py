@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 HOLD_MIN_BYTES = 2048  # smaller payloads are copied into their tensors: splicing them costs more
 _NONCE_BYTES = 16
 _MARK_BYTES = _NONCE_BYTES + 8  # nonce + the tensor's rank among the held ones
-_MARK_FIELD = bytes([9 << 3 | 2, _MARK_BYTES])  # raw_data key and the marker's one-byte length
+_MARK_FIELD = bytes([wire.RAW_KEY, _MARK_BYTES])  # raw_data key and the marker's one-byte length
+_INITIALIZER = bytes([wire.INITIALIZER_KEY])
+_RAW = bytes([wire.RAW_KEY])
 
 
 class HeldPayloads:
@@ -118,7 +120,7 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
     if found < 0 or inside < 0:
         raise wire.Unwalked("the first marker is missing")
     body = found - inside  # where the first held tensor's encoding starts in the graph
-    header = b"\x2a" + wire.encode_varint(len(first))  # GraphProto.initializer, its length
+    header = _INITIALIZER + wire.encode_varint(len(first))
     pos = body - len(header)
     if pos < graph_start or lean[pos:body] != header or lean[body : body + len(first)] != first:
         raise wire.Unwalked("the first held tensor is not where its marker says")
@@ -137,9 +139,9 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
             at = lean.find(nonce + rank.to_bytes(8, "little"), start, stop)
             if at < 0 or not lean.startswith(_MARK_FIELD, at - 2):
                 raise wire.Unwalked(f"no marker in initializer #{ordinal}")
-            raw_field = b"\x4a" + encode(len(payload))
+            raw_field = _RAW + encode(len(payload))
             new_length = length - len(_MARK_FIELD) - _MARK_BYTES + len(raw_field) + len(payload)
-            new_header = b"\x2a" + encode(new_length)
+            new_header = _INITIALIZER + encode(new_length)
             pieces += (data[copied:pos], new_header, data[start : at - 2], raw_field, payload)
             copied = at + _MARK_BYTES
             grown += (len(new_header) - (start - pos)) + (new_length - length)

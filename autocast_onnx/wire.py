@@ -19,7 +19,7 @@ GRAPH_KEY = 7 << 3 | 2  # ModelProto.graph
 INITIALIZER_KEY = 5 << 3 | 2  # GraphProto.initializer
 _DATA_TYPE = 2 << 3
 _NAME = 8 << 3 | 2
-_RAW = 9 << 3 | 2
+RAW_KEY = 9 << 3 | 2  # TensorProto.raw_data
 _LOCATION = 14 << 3
 # fields that hold a payload some other way than raw_data (or say where it is)
 _OTHER_DATA = frozenset({3, 4, 5, 6, 7, 10, 11, 13})
@@ -150,7 +150,7 @@ def initializers(data, graph: tuple[int, int, int] | None = None):
                     n, pos = varint(data, pos - 1)
                 if key == _NAME:
                     name = bytes(data[pos : pos + n])
-                elif key == _RAW:
+                elif key == RAW_KEY:
                     if raw is not None:
                         plain = False  # given twice: protobuf keeps the last one
                     raw = (field_at, pos, n)

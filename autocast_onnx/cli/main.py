@@ -599,7 +599,7 @@ def convert(
             from ..rewrite.loss_scale import parse_loss_scale
 
             parse_loss_scale(loss_scale)
-        if Path(model).is_dir() and _artifacts_folder(model):
+        if _artifacts_folder(model):
             _refuse_unused(
                 ctx,
                 ("plan_file", "plan_out", "calibration_data", "targets", "run_validate", "external_data"),
@@ -718,6 +718,8 @@ def convert(
 def _artifacts_folder(path) -> bool:
     """Whether the folder `path` is an onnxruntime-training artifacts folder (the training
     package is imported only for a folder: a model file's conversion does not need it)."""
+    if not Path(path).is_dir():
+        return False
     from ..training.artifacts import is_artifacts_dir
 
     return is_artifacts_dir(path)
