@@ -15,12 +15,18 @@ output's emulated fp16 numerics against fp32 on generated inputs.
 
     python benchmarks/bench_peers.py --setup            # once: .venv-peers
     python benchmarks/bench_peers.py [--sizes 1000 10000] [--json docs/benchmarks/peers.json]
+
+Latency on a GPU is a separate step (bench_latency.py), so the conversion can run where the
+converters are installed and the timing where the GPU is: `--keep DIR` keeps every model and
+output with a manifest, bench_latency.py times them on the CUDA execution provider, and
+`--latency FILE` adds its figures to this table (latency and its ratio to the fp32 model).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -292,12 +298,18 @@ def main() -> None:
     ap.add_argument("--tools", nargs="+", default=TOOLS, choices=TOOLS)
     ap.add_argument("--json", type=Path, help="Also write the results here.")
     ap.add_argument("--svg", type=Path, help="Write the plots (time against nodes, error and casts per model) here.")
+    ap.add_argument("--keep", type=Path, help="Keep each source and output here, for bench_latency.py.")
+    ap.add_argument("--latency", type=Path, help="Latency rows written by bench_latency.py --json: added to the table.")
     args = ap.parse_args()
     if args.setup:
         setup()
         return
     if not (PEERS_VENV / "bin" / "python").exists() and set(args.tools) & {"onnxconverter-common", "ort-float16"}:
         sys.exit(f"the peer converters are not installed: run `python {Path(__file__).name} --setup` first")
+    latency = read_latency(args.latency) if args.latency else None
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        sys.exit(f"--keep {args.keep}: the folder is not empty; give a new or empty one")
+    kept: list[dict] = []
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -309,14 +321,65 @@ def main() -> None:
                 row = {"model": name, "nodes": nodes, "tool": tool, **result}
                 if result["ok"] and tool != "floor":
                     row.update(evaluate(src, dst))
+                    if args.keep is not None:
+                        keep(args.keep, name, tool, src, dst, kept)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
+    if latency is not None:
+        add_latency(rows, latency)
     print(table(rows))
+    if args.keep is not None:
+        print(f"kept {len(kept)} outputs and their sources in {args.keep}; time them with bench_latency.py")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     if args.svg:
         plot(rows, args.svg)
+
+
+def keep(folder: Path, model: str, tool: str, src: Path, dst: Path, kept: list) -> None:
+    """Copy the source (once) and `tool`'s output of `model` into `folder` and rewrite its
+    manifest.json. A file with external data is not kept (said on stderr): the copy would lose it."""
+    for path in (src, dst):
+        proto = onnx.load(str(path), load_external_data=False)
+        if any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer):
+            print(f"warning: {path.name} has external data: {model}/{tool} not kept", file=sys.stderr)
+            return
+    (folder / "sources").mkdir(parents=True, exist_ok=True)
+    source = Path("sources") / f"{model}.onnx"
+    if not (folder / source).exists():
+        shutil.copyfile(src, folder / source)
+    output = Path(f"{model}.{tool}.onnx")
+    shutil.copyfile(dst, folder / output)
+    kept.append({"model": model, "tool": tool, "source": str(source), "output": str(output)})
+    (folder / "manifest.json").write_text(json.dumps(kept, indent=1) + "\n")
+
+
+def read_latency(path: Path) -> dict:
+    """The JSON bench_latency.py --json wrote: {"device", "label", "rows"}."""
+    try:
+        data = json.loads(path.read_text())
+        rows, label = data["rows"], data["label"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        sys.exit(f"--latency {path}: not a file written by bench_latency.py --json ({exc})")
+    return {"label": label, "device": data.get("device"), "rows": rows}
+
+
+def add_latency(rows: list[dict], latency: dict) -> None:
+    """Each converted row gets its latency and ratio to fp32 from bench_latency.py's rows; a
+    latency row that matches no model and tool here is named on stderr, not dropped silently."""
+    measured = {(r["model"], r["tool"]): r for r in latency["rows"] if r.get("tool") != "fp32"}
+    used = set()
+    for row in rows:
+        found = measured.get((row["model"], row["tool"]))
+        if row["tool"] == "floor" or found is None:
+            continue
+        used.add((row["model"], row["tool"]))
+        row["latency_device"] = latency["label"]
+        row["latency_ms"] = found.get("ms") if found.get("ok") else None
+        row["latency_vs_fp32"] = found.get("vs_fp32") if found.get("ok") else None
+    for model, tool in sorted(set(measured) - used):
+        print(f"warning: latency of {model}/{tool} matches no row of this run: not shown", file=sys.stderr)
 
 
 def plot(rows: list[dict], folder: Path) -> None:
@@ -333,16 +396,20 @@ LOADS = {True: "yes", False: "NO", None: "-"}
 
 def table(rows: list[dict]) -> str:
     floor = {r["model"]: r for r in rows if r["tool"] == "floor" and r["ok"]}
+    devices = sorted({r["latency_device"] for r in rows if "latency_device" in r})
     lines = [
         "| model | nodes | tool | seconds | × floor | peak MB | checker | ORT loads | fp32-category ops in fp16 "
-        "| casts added | emulated rel. error |",
-        "|---|---:|---|---:|---:|---:|---|---|---:|---:|---:|",
+        "| casts added | emulated rel. error |" + (" latency ms | latency × fp32 |" if devices else ""),
+        "|---|---:|---|---:|---:|---:|---|---|---:|---:|---:|" + ("---:|---:|" if devices else ""),
     ]
     for r in rows:
         if r["tool"] == "floor":
             continue
         if not r["ok"]:
-            lines.append(f"| {r['model']} | {r['nodes']} | {r['tool']} | failed: {r['error']} | | | | | | | |")
+            lines.append(
+                f"| {r['model']} | {r['nodes']} | {r['tool']} | failed: {r['error']} | | | | | | | |"
+                + (" | |" if devices else "")
+            )
             continue
         base = floor.get(r["model"])
         ratio = f"{r['seconds'] / base['seconds']:.2f}" if base else "-"
@@ -351,7 +418,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['model']} | {r['nodes']:,} | {r['tool']} | {r['seconds']:.2f} | {ratio} "
             f"| {r['peak_rss'] / 2**20:.0f} "
             f"| {'yes' if r['checker'] else 'NO'} | {LOADS[r['ort_loads']]} | {r['fp32_ops_in_fp16']} "
-            f"| {r['casts_added']} | {err} |"
+            f"| {r['casts_added']} | {err} |" + (_latency_cells(r) if devices else "")
         )
     totals = {}
     for r in rows:
@@ -371,7 +438,15 @@ def table(rows: list[dict]) -> str:
     ]
     for tool, t in totals.items():
         lines.append(f"| {tool} | {t['valid']}/{t['models']} | {t['violations']} |")
+    if devices:
+        lines += ["", f"Latency: median ms per run on {'; '.join(devices)} (bench_latency.py); - where not measured."]
     return "\n".join(lines)
+
+
+def _latency_cells(row: dict) -> str:
+    if row.get("latency_ms") is None:
+        return " - | - |" if "latency_device" not in row else " failed | - |"
+    return f" {row['latency_ms']:.3f} | {row['latency_vs_fp32']:.2f} |"
 
 
 if __name__ == "__main__":
