@@ -789,9 +789,9 @@ def save_model(
         finals.append((model_tmp, out_path))
         with open(model_tmp, "wb") as fh:
             if verify is not None and not external_data:
-                # the write waits in the kernel, without the GIL, while the check parses the same
-                # bytes (renamed into place only after both); the fsync needs the GIL to start,
-                # which the checker holds, so it comes after the check
+                # the write waits in the kernel, without the GIL, while the check parses these
+                # bytes or their stand-in (renamed into place only after both); the fsync needs
+                # the GIL to start, which the checker holds, so it comes after the check
                 writing = _InBackground(_write_and_sync, fh, payload)
                 try:
                     verify(payload)

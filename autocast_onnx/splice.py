@@ -21,11 +21,21 @@ expected marker lies inside its tensor. Only the lengths that enclose a payload 
 tensor's, the raw_data field's, and the graph's. Anything that does not fit (a tensor held in
 a subgraph, an encoding the walk does not expect) is given its payload the ordinary way: the
 output is the same either way, only slower.
+
+The stand-in for the check: onnx.checker parses every payload it is given again (a copy of the
+file's weights in fresh memory) only to compare each one's size with its dims. The same walk
+therefore also writes the encoding with each held initializer replaced by a graph input of the
+same name, element type and shape; the sizes are compared here, where the payloads already are.
+Every node, attribute and type the file holds is in the stand-in; what differs is that the
+held tensors are inputs rather than initializers, which no check of a float weight of 1k+
+elements depends on (no op reads such a tensor's values to type its outputs). A failure found
+on the stand-in is confirmed on the whole file before it is reported (rewrite/checks.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import onnx
@@ -40,6 +50,7 @@ _MARK_BYTES = _NONCE_BYTES + 8  # nonce + the tensor's rank among the held ones
 _MARK_FIELD = bytes([wire.RAW_KEY, _MARK_BYTES])  # raw_data key and the marker's one-byte length
 _INITIALIZER = bytes([wire.INITIALIZER_KEY])
 _RAW = bytes([wire.RAW_KEY])
+_INPUT = bytes([wire.INPUT_KEY])
 
 
 class HeldPayloads:
@@ -75,8 +86,20 @@ class HeldPayloads:
         """The encoding of `model` with every held payload in its tensor: byte for byte what
         `inline()` then `model.SerializeToString()` gives, without copying the payloads into
         the tensors. The payloads stay held (and the tensors without them)."""
+        return self._serialize(model, False)[0]
+
+    def serialize_with_stand_in(self, model: onnx.ModelProto) -> tuple[bytes, bytes | None]:
+        """`serialize(model)`, and the stand-in the check reads instead (module docstring): the
+        same encoding with each held initializer of the main graph made a graph input of its
+        type and shape. None instead where it cannot stand in: nothing held in the main graph,
+        a held tensor named like a graph input, a payload whose size does not fit its dims, an
+        IR version before 4 (initializers had to be inputs), or an encoding the walk does not
+        expect."""
+        return self._serialize(model, True)
+
+    def _serialize(self, model: onnx.ModelProto, stand_in: bool) -> tuple[bytes, bytes | None]:
         if not self._held:
-            return model.SerializeToString()
+            return model.SerializeToString(), None
         order = []  # (ordinal, tensor, payload) of the main graph's held tensors, in graph order
         held = self._held
         for ordinal, tensor in enumerate(model.graph.initializer):
@@ -89,7 +112,8 @@ class HeldPayloads:
                 tensor, payload = held.pop(key)
                 tensor.raw_data = payload.tobytes()
             if not order:
-                return model.SerializeToString()
+                return model.SerializeToString(), None
+        inputs = _stand_in_inputs(model, order) if stand_in else None
         nonce = os.urandom(_NONCE_BYTES)
         for rank, (_, tensor, _) in enumerate(order):
             tensor.raw_data = nonce + rank.to_bytes(8, "little")
@@ -100,18 +124,60 @@ class HeldPayloads:
             for _, tensor, _ in order:
                 tensor.ClearField("raw_data")
         try:
-            return _splice(lean, first, nonce, order)
+            return _splice(lean, first, nonce, order, inputs)
         except (wire.Unwalked, IndexError, ValueError) as exc:
             log.debug("splice: %s; serializing with the payloads in their tensors", exc)
         self.inline()
-        return model.SerializeToString()
+        return model.SerializeToString(), None
 
 
-def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
+def _stand_in_inputs(model: onnx.ModelProto, order: list) -> list[bytes] | None:
+    """For each held tensor of `order`, the graph's input field (a ValueInfoProto of its name,
+    element type and dims) that stands in for it in the check; None where inputs cannot stand in
+    (see HeldPayloads.serialize_with_stand_in)."""
+    if model.ir_version < 4:
+        return None
+    taken = {vi.name for vi in model.graph.input}
+    types: dict = {}  # (element type, dims) -> (TypeProto field, payload bytes)
+    encode = wire.encode_varint
+    out = []
+    for _, tensor, payload in order:
+        name = tensor.name
+        if name in taken:
+            return None
+        key = (tensor.data_type, tuple(tensor.dims))
+        known = types.get(key)
+        if known is None:
+            known = types[key] = _type_field(*key)
+        if known[1] != len(payload):
+            return None
+        text = name.encode("utf-8")
+        info = b"\x0a" + encode(len(text)) + text + known[0]
+        out.append(_INPUT + encode(len(info)) + info)
+    return out
+
+
+def _type_field(elem_type: int, dims: tuple) -> tuple[bytes, int]:
+    """ValueInfoProto's type field for a tensor of `elem_type` and `dims`, and the bytes a raw
+    payload of that type and shape has. TypeProto: tensor_type=1; its Tensor: elem_type=1,
+    shape=2; TensorShapeProto: dim=1; Dimension: dim_value=1."""
+    encode = wire.encode_varint
+    shape = b""
+    for d in dims:
+        dim = b"\x08" + encode(d)
+        shape += b"\x0a" + encode(len(dim)) + dim
+    tensor = b"\x08" + encode(elem_type) + b"\x12" + encode(len(shape)) + shape
+    typed = b"\x0a" + encode(len(tensor)) + tensor
+    size = math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+    return b"\x12" + encode(len(typed)) + typed, size
+
+
+def _splice(lean: bytes, first: bytes, nonce: bytes, order: list, inputs: list | None = None) -> tuple:
     """`lean` (the model's encoding with markers in place of the held payloads) with each marker
     field replaced by its payload and the lengths that enclose them mended. `first` is the
-    encoding of the first held tensor, with its marker. Raises wire.Unwalked where the encoding
-    is not what `serialize` made."""
+    encoding of the first held tensor, with its marker. With `inputs` (an input field per held
+    tensor), also the stand-in: `lean` with each held initializer field replaced by its input
+    field (else None). Raises wire.Unwalked where the encoding is not what `serialize` made."""
     data = memoryview(lean)
     graph_key, graph_start, graph_end = wire.main_graph(data)
     mark0 = nonce + bytes(8)
@@ -130,6 +196,8 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
     ordinal = order[0][0]
     rank, want, payload = 0, ordinal, order[0][2]
     varint, encode, key = wire.varint, wire.encode_varint, wire.INITIALIZER_KEY
+    stand: list = [data[:graph_key], None]  # the stand-in's pieces, as `pieces`
+    stand_copied, stand_grown = graph_start, 0
     while True:
         if data[pos] != key:
             raise wire.Unwalked("the initializers are not one run of fields")
@@ -145,6 +213,10 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
             pieces += (data[copied:pos], new_header, data[start : at - 2], raw_field, payload)
             copied = at + _MARK_BYTES
             grown += (len(new_header) - (start - pos)) + (new_length - length)
+            if inputs is not None:
+                stand += (data[stand_copied:pos], inputs[rank])
+                stand_copied = stop
+                stand_grown += len(inputs[rank]) - (stop - pos)
             rank += 1
             if rank == len(order):
                 break
@@ -154,5 +226,9 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list) -> bytes:
         if pos >= graph_end:
             raise wire.Unwalked("the graph ends before every held tensor was found")
     pieces.append(data[copied:])
-    pieces[1] = bytes([wire.GRAPH_KEY]) + wire.encode_varint(graph_end - graph_start + grown)
-    return b"".join(pieces)
+    pieces[1] = bytes([wire.GRAPH_KEY]) + encode(graph_end - graph_start + grown)
+    if inputs is None:
+        return b"".join(pieces), None
+    stand.append(data[stand_copied:])
+    stand[1] = bytes([wire.GRAPH_KEY]) + encode(graph_end - graph_start + stand_grown)
+    return b"".join(pieces), b"".join(stand)

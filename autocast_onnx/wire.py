@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 GRAPH_KEY = 7 << 3 | 2  # ModelProto.graph
 INITIALIZER_KEY = 5 << 3 | 2  # GraphProto.initializer
+INPUT_KEY = 11 << 3 | 2  # GraphProto.input
 _DATA_TYPE = 2 << 3
 _NAME = 8 << 3 | 2
 RAW_KEY = 9 << 3 | 2  # TensorProto.raw_data

@@ -824,15 +824,16 @@ def test_interrupt_after_writing_leaves_nothing(tmp_path, m, out, monkeypatch):
 
 def test_the_check_reads_the_bytes_that_are_written(tmp_path, m, out, monkeypatch):
     """A model in one piece is checked from its serialized bytes while a thread writes them:
-    the checker sees exactly what lands in the file."""
+    the check is given exactly what lands in the file (and, with large converted weights, their
+    stand-in: tests/test_splice.py)."""
     from autocast_onnx import pipeline
 
     seen = []
     real = pipeline.check_result
 
-    def recording(payload, full=True):
+    def recording(payload, full=True, stand_in=None):
         seen.append(bytes(payload))
-        return real(payload, full)
+        return real(payload, full, stand_in)
 
     monkeypatch.setattr(pipeline, "check_result", recording)
     assert run("convert", m, "-o", out / "x.onnx", "-q").code == 0
@@ -847,7 +848,7 @@ def test_a_failed_check_writes_nothing_and_keeps_the_older_model(tmp_path, m, ou
 
     seen = []
 
-    def failing(payload, full=True):
+    def failing(payload, full=True, stand_in=None):
         seen.append(onnx.ModelProto.FromString(payload))
         raise InternalCheckError("the converted model fails onnx.checker: planted")
 

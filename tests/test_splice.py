@@ -184,3 +184,97 @@ def test_the_summary_reads_the_nodes_without_giving_the_payloads_to_their_tensor
     assert cost["computed"] and cost["casts"] == sum(n.op_type == "Cast" for n in written.graph.node) == 1
     assert "casts added" in result.summary()
     assert result.__dict__["_held"] is held and len(held) == 3
+
+
+# ---- the stand-in the check reads ---------------------------------------------------------------
+
+
+def test_the_stand_in_has_the_held_weights_as_inputs_and_everything_else_as_written():
+    model = weights_model()
+    held, expected = hold(model, {"w_first", "w_mid", "w_last"})
+    written, stand_in = held.serialize_with_stand_in(model)
+    assert written == expected and written == held.serialize(model)
+    assert stand_in is not None
+    got, whole = onnx.ModelProto.FromString(stand_in), onnx.ModelProto.FromString(written)
+    # the held weights: graph inputs of their element type and dims, no longer initializers
+    inputs = {vi.name: vi.type.tensor_type for vi in got.graph.input}
+    for name, dims in (("w_first", BIG), ("w_mid", [64, 64]), ("w_last", [64, 64])):
+        assert inputs[name].elem_type == TensorProto.FLOAT16
+        assert [d.dim_value for d in inputs[name].shape.dim] == dims
+    assert [t.name for t in got.graph.initializer] == ["bias", "shape"]
+    assert [t.SerializeToString() for t in got.graph.initializer] == [
+        t.SerializeToString() for t in whole.graph.initializer if t.name in ("bias", "shape")
+    ]
+    # every node (the If's branches with their own weight included), output and model field as written
+    assert got.graph.node == whole.graph.node and got.graph.output == whole.graph.output
+    assert [vi for vi in got.graph.input if vi.name in ("x", "c")] == list(whole.graph.input)
+    assert got.opset_import == whole.opset_import and got.ir_version == whole.ir_version
+    onnx.checker.check_model(stand_in)  # as the whole model: both pass the basic check
+    onnx.checker.check_model(written)
+
+
+@pytest.mark.parametrize("case", ["named-like-an-input", "ir-version-3", "payload-not-its-dims", "only-in-a-body"])
+def test_no_stand_in_where_inputs_cannot_stand_in(case):
+    model = weights_model()
+    if case == "named-like-an-input":
+        model.graph.input.append(helper.make_tensor_value_info("w_mid", TensorProto.FLOAT16, [64, 64]))
+    if case == "ir-version-3":
+        model.ir_version = 3
+    held, expected = hold(model, {"w_body"} if case == "only-in-a-body" else {"w_first", "w_mid"})
+    if case == "payload-not-its-dims":
+        model.graph.initializer[2].dims[0] = 63  # w_mid: 64 x 64 held, 63 x 64 declared
+        expected = None
+    written, stand_in = held.serialize_with_stand_in(model)
+    assert stand_in is None
+    if expected is not None:
+        assert written == expected
+
+
+def _checker_refuses(data: bytes) -> bool:
+    try:
+        onnx.checker.check_model(data)
+    except onnx.checker.ValidationError:
+        return True
+    return False
+
+
+def test_the_check_reads_the_stand_in_and_confirms_a_failure_on_the_whole_model():
+    from autocast_onnx.errors import InternalCheckError
+    from autocast_onnx.rewrite.checks import check_result
+
+    model = weights_model()
+    held, _ = hold(model, {"w_first", "w_mid"})
+    written, stand_in = held.serialize_with_stand_in(model)
+    broken = onnx.ModelProto.FromString(written)
+    broken.graph.node[1].op_type = "NoSuchOp"
+    broken_bytes = broken.SerializeToString()
+    assert _checker_refuses(broken_bytes) and not _checker_refuses(stand_in)
+    # a passing stand-in is the verdict: the whole model's bytes are not parsed again
+    check_result(broken_bytes, full=False, stand_in=stand_in)
+    # a stand-in that fails where the whole model passes: the whole model's verdict counts
+    wrong_stand_in = onnx.ModelProto.FromString(stand_in)
+    wrong_stand_in.graph.node[0].op_type = "NoSuchOp"
+    check_result(written, full=False, stand_in=wrong_stand_in.SerializeToString())
+    # both fail: the error is the whole model's
+    with pytest.raises(InternalCheckError, match="NoSuchOp"):
+        check_result(broken_bytes, full=False, stand_in=wrong_stand_in.SerializeToString())
+
+
+def test_convert_file_checks_the_stand_in_and_writes_the_whole_model(tmp_path, monkeypatch):
+    import autocast_onnx.pipeline as pipeline
+
+    seen = []
+    real = pipeline.check_result
+
+    def spy(model, full=True, stand_in=None):
+        seen.append((len(model), None if stand_in is None else len(stand_in)))
+        return real(model, full, stand_in)
+
+    monkeypatch.setattr(pipeline, "check_result", spy)
+    source = tmp_path / "net.onnx"
+    onnx.save(weights_model(), source)
+    convert_file(source, tmp_path / "out.onnx", check="full")
+    written = (tmp_path / "out.onnx").read_bytes()
+    [(whole, stood)] = seen
+    assert whole == len(written) and stood is not None and stood < whole - 3 * 4096
+    onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
