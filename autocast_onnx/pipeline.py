@@ -23,6 +23,7 @@ from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
     LoadedModel,
     PayloadSpill,
+    Pieces,
     check_output_path,
     check_outputs,
     is_stdout,
@@ -638,7 +639,7 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
             # while a thread writes the bytes: a write slowed by the page cache hides behind the
             # check (docs/benchmarks.md). The checker reads the stand-in when there is one: the same
             # bytes with the large converted weights as inputs, so it copies no weight again
-            def verify(payload: bytes) -> None:
+            def verify(payload: bytes | Pieces) -> None:
                 t = time.perf_counter()
                 check_result(payload, full=check == "full", stand_in=stand_in)
                 timings["check"] = time.perf_counter() - t

@@ -41,6 +41,8 @@ import os
 import onnx
 
 from . import wire
+from .dtypes import ITEMSIZE
+from .io import Pieces
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +88,19 @@ class HeldPayloads:
         """The encoding of `model` with every held payload in its tensor: byte for byte what
         `inline()` then `model.SerializeToString()` gives, without copying the payloads into
         the tensors. The payloads stay held (and the tensors without them)."""
-        return self._serialize(model, False)[0]
+        return bytes(self._serialize(model, False)[0])
 
-    def serialize_with_stand_in(self, model: onnx.ModelProto) -> tuple[bytes, bytes | None]:
-        """`serialize(model)`, and the stand-in the check reads instead (module docstring): the
-        same encoding with each held initializer of the main graph made a graph input of its
-        type and shape. None instead where it cannot stand in: nothing held in the main graph,
-        a held tensor named like a graph input, a payload whose size does not fit its dims, an
-        IR version before 4 (initializers had to be inputs), or an encoding the walk does not
-        expect."""
+    def serialize_with_stand_in(self, model: onnx.ModelProto) -> tuple[bytes | Pieces, bytes | None]:
+        """The encoding `serialize(model)` joins, as the pieces it is made of (io.Pieces: the save
+        writes them without joining them) where the splice made it, and the stand-in the check
+        reads instead (module docstring): the same encoding with each held initializer of the
+        main graph made a graph input of its type and shape. None instead where it cannot stand
+        in: nothing held in the main graph, a held tensor named like a graph input, a payload
+        whose size does not fit its dims, an IR version before 4 (initializers had to be
+        inputs), or an encoding the walk does not expect."""
         return self._serialize(model, True)
 
-    def _serialize(self, model: onnx.ModelProto, stand_in: bool) -> tuple[bytes, bytes | None]:
+    def _serialize(self, model: onnx.ModelProto, stand_in: bool) -> tuple[bytes | Pieces, bytes | None]:
         if not self._held:
             return model.SerializeToString(), None
         order = []  # (ordinal, tensor, payload) of the main graph's held tensors, in graph order
@@ -168,13 +171,13 @@ def _type_field(elem_type: int, dims: tuple) -> tuple[bytes, int]:
         shape += b"\x0a" + encode(len(dim)) + dim
     tensor = b"\x08" + encode(elem_type) + b"\x12" + encode(len(shape)) + shape
     typed = b"\x0a" + encode(len(tensor)) + tensor
-    size = math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+    size = math.prod(dims) * ITEMSIZE.get(elem_type, 0)  # 0: a type never held, never fits
     return b"\x12" + encode(len(typed)) + typed, size
 
 
 def _splice(lean: bytes, first: bytes, nonce: bytes, order: list, inputs: list | None = None) -> tuple:
     """`lean` (the model's encoding with markers in place of the held payloads) with each marker
-    field replaced by its payload and the lengths that enclose them mended. `first` is the
+    field replaced by its payload and the lengths that enclose them mended, as io.Pieces. `first` is the
     encoding of the first held tensor, with its marker. With `inputs` (an input field per held
     tensor), also the stand-in: `lean` with each held initializer field replaced by its input
     field (else None). Raises wire.Unwalked where the encoding is not what `serialize` made."""
@@ -228,7 +231,7 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list, inputs: list |
     pieces.append(data[copied:])
     pieces[1] = bytes([wire.GRAPH_KEY]) + encode(graph_end - graph_start + grown)
     if inputs is None:
-        return b"".join(pieces), None
+        return Pieces(pieces), None
     stand.append(data[stand_copied:])
     stand[1] = bytes([wire.GRAPH_KEY]) + encode(graph_end - graph_start + stand_grown)
-    return b"".join(pieces), b"".join(stand)
+    return Pieces(pieces), b"".join(stand)

@@ -287,6 +287,17 @@ class _FullDisk:
         self._budget -= len(data)
         return self._fh.write(data)
 
+    def writev(self, buffers):
+        """os.writev on this file's descriptor (how io.Pieces are written), within the budget."""
+        self._fh.flush()
+        data = b"".join(bytes(b) for b in buffers)
+        if len(data) > self._budget:
+            os.write(self._fh.fileno(), data[: self._budget])
+            self._budget = 0
+            raise enospc()
+        self._budget -= len(data)
+        return os.write(self._fh.fileno(), data)
+
     def __getattr__(self, name):
         return getattr(self._fh, name)
 
@@ -300,13 +311,23 @@ class _FullDisk:
 
 def full_disk_on_write(monkeypatch, module, which, budget=100):
     """Files that `module` opens for writing whose name satisfies `which(name)` fill up after
-    `budget` bytes. Patches the module's global `open` (module globals come before builtins)."""
-    real_open = builtins.open
+    `budget` bytes. Patches the module's global `open` (module globals come before builtins),
+    and os.writev for the descriptors of those files."""
+    real_open, real_writev = builtins.open, os.writev
+    full: dict[int, _FullDisk] = {}  # descriptor -> its file, while open
 
     def fake_open(file, mode="r", *a, **kw):
         fh = real_open(file, mode, *a, **kw)
         if "w" in mode and which(os.path.basename(os.fsdecode(file))):
-            return _FullDisk(fh, budget)
+            full[fh.fileno()] = _FullDisk(fh, budget)
+            return full[fh.fileno()]
         return fh
 
+    def fake_writev(fd, buffers):
+        filling = full.get(fd)
+        if filling is None or filling.closed:
+            return real_writev(fd, buffers)
+        return filling.writev(buffers)
+
     monkeypatch.setattr(module, "open", fake_open, raising=False)
+    monkeypatch.setattr(os, "writev", fake_writev)

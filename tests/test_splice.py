@@ -16,6 +16,7 @@ from helpers import parse, randn
 from onnx import TensorProto, helper, numpy_helper
 
 from autocast_onnx import splice, wire
+from autocast_onnx.io import Pieces
 from autocast_onnx.pipeline import convert, convert_file
 from autocast_onnx.report.cost import conversion_cost
 from autocast_onnx.splice import HOLD_MIN_BYTES, HeldPayloads
@@ -192,7 +193,9 @@ def test_the_summary_reads_the_nodes_without_giving_the_payloads_to_their_tensor
 def test_the_stand_in_has_the_held_weights_as_inputs_and_everything_else_as_written():
     model = weights_model()
     held, expected = hold(model, {"w_first", "w_mid", "w_last"})
-    written, stand_in = held.serialize_with_stand_in(model)
+    pieces, stand_in = held.serialize_with_stand_in(model)
+    assert isinstance(pieces, Pieces) and len(pieces) == len(expected)
+    written = bytes(pieces)
     assert written == expected and written == held.serialize(model)
     assert stand_in is not None
     got, whole = onnx.ModelProto.FromString(stand_in), onnx.ModelProto.FromString(written)
@@ -227,7 +230,7 @@ def test_no_stand_in_where_inputs_cannot_stand_in(case):
     written, stand_in = held.serialize_with_stand_in(model)
     assert stand_in is None
     if expected is not None:
-        assert written == expected
+        assert bytes(written) == expected
 
 
 def _checker_refuses(data: bytes) -> bool:
@@ -244,7 +247,8 @@ def test_the_check_reads_the_stand_in_and_confirms_a_failure_on_the_whole_model(
 
     model = weights_model()
     held, _ = hold(model, {"w_first", "w_mid"})
-    written, stand_in = held.serialize_with_stand_in(model)
+    pieces, stand_in = held.serialize_with_stand_in(model)
+    written = bytes(pieces)
     broken = onnx.ModelProto.FromString(written)
     broken.graph.node[1].op_type = "NoSuchOp"
     broken_bytes = broken.SerializeToString()
@@ -278,3 +282,82 @@ def test_convert_file_checks_the_stand_in_and_writes_the_whole_model(tmp_path, m
     [(whole, stood)] = seen
     assert whole == len(written) and stood is not None and stood < whole - 3 * 4096
     onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+
+
+# ---- the pieces the save writes without joining them ---------------------------------------------
+
+
+def _some_pieces(count: int) -> tuple[Pieces, bytes]:
+    rng = np.random.default_rng(count)
+    parts = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 40, size=count)]
+    parts = [p if k % 3 else memoryview(p) for k, p in enumerate(parts)]  # bytes and views, as the splice gives
+    return Pieces(parts), b"".join(bytes(p) for p in parts)
+
+
+@pytest.mark.parametrize("count", [0, 1, 1023, 1024, 2500])
+def test_pieces_are_written_whole_in_their_order(tmp_path, count):
+    pieces, joined = _some_pieces(count)
+    assert len(pieces) == len(joined) and bytes(pieces) == joined
+    with open(tmp_path / "out.bin", "wb") as fh:
+        pieces.write_to(fh.fileno())
+    assert (tmp_path / "out.bin").read_bytes() == joined
+
+
+def test_a_short_writev_is_finished_piece_by_piece(tmp_path, monkeypatch):
+    import os
+
+    from autocast_onnx import io
+
+    pieces, joined = _some_pieces(3000)
+    real = os.writev
+
+    def short(fd, buffers):  # writes about half of what it is given, cutting a buffer
+        half = sum(len(b) for b in buffers) // 2
+        return os.write(fd, b"".join(bytes(b) for b in buffers)[:half]) if half else real(fd, buffers)
+
+    monkeypatch.setattr(io.os, "writev", short)
+    with open(tmp_path / "out.bin", "wb") as fh:
+        pieces.write_to(fh.fileno())
+    assert (tmp_path / "out.bin").read_bytes() == joined
+
+
+def test_a_failed_check_of_spliced_pieces_writes_nothing(tmp_path, monkeypatch):
+    """The pieces are written before the check; when it fails, the temporary goes and the file
+    already at the output stays as it was."""
+    import autocast_onnx.pipeline as pipeline
+    from autocast_onnx.errors import InternalCheckError
+
+    given = []
+
+    def failing(payload, full=True, stand_in=None):
+        given.append(payload)
+        raise InternalCheckError("the converted model fails onnx.checker: planted")
+
+    monkeypatch.setattr(pipeline, "check_result", failing)
+    source, out = tmp_path / "net.onnx", tmp_path / "out"
+    onnx.save(weights_model(), source)
+    out.mkdir()
+    (out / "x.onnx").write_bytes(b"an older model")
+    with pytest.raises(InternalCheckError, match="planted"):
+        convert_file(source, out / "x.onnx")
+    assert isinstance(given[0], Pieces)  # the spliced bytes, never joined
+    assert sorted(p.name for p in out.iterdir()) == ["x.onnx"]
+    assert (out / "x.onnx").read_bytes() == b"an older model"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs FIFOs (POSIX)")
+def test_spliced_pieces_reach_a_fifo_whole(tmp_path):
+    import os
+    import threading
+
+    source, fifo = tmp_path / "net.onnx", tmp_path / "pipe"
+    onnx.save(weights_model(), source)
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = convert_file(source, fifo, check="full")
+    reader.join(timeout=20)
+    assert not reader.is_alive() and got
+    assert result.__dict__["_held"] is not None and len(result.__dict__["_held"]) == 3  # spliced, not inlined
+    assert got[0] == convert(onnx.load(source)).model.SerializeToString()

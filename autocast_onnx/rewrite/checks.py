@@ -11,23 +11,26 @@ from __future__ import annotations
 import onnx
 
 from ..errors import InternalCheckError
-from ..io import all_graphs
+from ..io import Pieces, all_graphs
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
 _ORT_DOMAIN = "com.microsoft"
 
 
-def check_result(model: onnx.ModelProto | bytes, full: bool = True, stand_in: bytes | None = None) -> None:
-    """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes.
-    `stand_in` (splice.py: the same bytes with the large converted weights as graph inputs,
-    whose sizes were compared with their dims already) is checked instead; a failure there is
-    checked again on `model`, whose verdict and message are the ones that count."""
+def check_result(model: onnx.ModelProto | bytes | Pieces, full: bool = True, stand_in: bytes | None = None) -> None:
+    """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes
+    (joined first when they come as io.Pieces). `stand_in` (splice.py: the same bytes with the
+    large converted weights as graph inputs, whose sizes were compared with their dims already)
+    is checked instead; a failure there is checked again on `model`, whose verdict and message
+    are the ones that count."""
     if stand_in is not None:
         try:
             check_result(stand_in, full)
             return
         except InternalCheckError:
             pass
+    if isinstance(model, Pieces):
+        model = bytes(model)
     if isinstance(model, onnx.ModelProto) and model.ByteSize() > CHECK_LIMIT:
         return  # checked from the saved file instead (see convert_file)
     try:
