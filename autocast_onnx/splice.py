@@ -27,9 +27,11 @@ file's weights in fresh memory) only to compare each one's size with its dims. T
 therefore also writes the encoding with each held initializer replaced by a graph input of the
 same name, element type and shape; the sizes are compared here, where the payloads already are.
 Every node, attribute and type the file holds is in the stand-in; what differs is that the
-held tensors are inputs rather than initializers, which no check of a float weight of 1k+
-elements depends on (no op reads such a tensor's values to type its outputs). A failure found
-on the stand-in is confirmed on the whole file before it is reported (rewrite/checks.py).
+held tensors are inputs rather than initializers. The checker's verdict does not depend on
+that: the values shape inference reads (shapes, axes, sizes, pads) are integer tensors, never
+converted and so never held, and a float weight of 1k+ elements is only ever typed and shaped.
+A failure found on the stand-in is confirmed on the whole file before it is reported
+(rewrite/checks.py).
 """
 
 from __future__ import annotations
@@ -177,10 +179,11 @@ def _type_field(elem_type: int, dims: tuple) -> tuple[bytes, int]:
 
 def _splice(lean: bytes, first: bytes, nonce: bytes, order: list, inputs: list | None = None) -> tuple:
     """`lean` (the model's encoding with markers in place of the held payloads) with each marker
-    field replaced by its payload and the lengths that enclose them mended, as io.Pieces. `first` is the
-    encoding of the first held tensor, with its marker. With `inputs` (an input field per held
-    tensor), also the stand-in: `lean` with each held initializer field replaced by its input
-    field (else None). Raises wire.Unwalked where the encoding is not what `serialize` made."""
+    field replaced by its payload and the lengths that enclose them mended, as io.Pieces. `first`
+    is the encoding of the first held tensor, with its marker. With `inputs` (an input field per
+    held tensor), also the stand-in: `lean` with each held initializer field replaced by its
+    input field (else None). Raises wire.Unwalked where the encoding is not what `serialize`
+    made."""
     data = memoryview(lean)
     graph_key, graph_start, graph_end = wire.main_graph(data)
     mark0 = nonce + bytes(8)
