@@ -674,6 +674,10 @@ class Pieces:
 
     def write_to(self, fd: int) -> None:
         parts, batch = self._parts, _IOV_MAX
+        if not batch:  # no writev on this platform
+            for part in parts:
+                _write_all(fd, part)
+            return
         for start in range(0, len(parts), batch):
             group = parts[start : start + batch]
             written = os.writev(fd, group)
@@ -685,7 +689,7 @@ class Pieces:
                     _write_all(fd, view[skip:])
 
 
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") and hasattr(os, "writev") else 1
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "writev") else 0  # buffers per writev
 
 
 def _write_all(fd: int, data) -> None:

@@ -27,7 +27,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,14 +54,12 @@ def read_manifest(folder: Path) -> list[dict]:
     if not path.is_file():
         raise SystemExit(f"error: {folder}: no {MANIFEST} here; make the folder with bench_peers.py --keep {folder}")
     try:
-        entries = json.loads(path.read_text())
         rows = [
-            {**e, "source": folder / e["source"], "output": folder / e["output"]}
-            for e in entries
-            if {"model", "tool", "source", "output"} <= set(e)
+            {"model": e["model"], "tool": e["tool"], "source": folder / e["source"], "output": folder / e["output"]}
+            for e in json.loads(path.read_text())
         ]
-    except (ValueError, TypeError) as exc:
-        raise SystemExit(f"error: {path}: not a manifest bench_peers.py wrote ({exc}); keep the folder again") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"error: {path}: not a manifest bench_peers.py wrote ({exc!r}); keep it again") from None
     if not rows:
         raise SystemExit(f"error: {path}: lists no converted model; keep the folder again with bench_peers.py --keep")
     missing = [str(r["output"]) for r in rows if not r["output"].is_file()] + [
@@ -73,13 +70,26 @@ def read_manifest(folder: Path) -> list[dict]:
     return rows
 
 
+def generated_inputs(model: onnx.ModelProto) -> dict:
+    """The inputs every tool's output of `model` is run on: validate's generator, seed 0."""
+    from autocast_onnx.validate.inputs import describe_inputs, generate, plan_inputs
+
+    return generate(plan_inputs(describe_inputs(model)), seed=0)
+
+
+def worst_error(ref: list, got: list) -> float | None:
+    """The largest relative L2 error of the float outputs `got` against `ref` (None: none is float)."""
+    from autocast_onnx.validate.diagnose import relative_error
+
+    errs = [relative_error(g, r) for r, g in zip(ref, got) if r.dtype.kind == "f"]
+    return max(errs) if errs else None
+
+
 def measure(entries: list[dict], device: str, iterations: int, warmup: int, models: list[str] | None = None) -> list:
     """One row per fp32 source (tool "fp32") and per converted output: latency on `device`, and
     for outputs the ratio to their source and the error against its results on that device."""
     from autocast_onnx.errors import AutocastError
     from autocast_onnx.validate import runner
-    from autocast_onnx.validate.diagnose import relative_error
-    from autocast_onnx.validate.inputs import describe_inputs, generate, plan_inputs
 
     by_model: dict[str, list[dict]] = {}
     for e in entries:
@@ -92,7 +102,7 @@ def measure(entries: list[dict], device: str, iterations: int, warmup: int, mode
     rows = []
     for model, outs in by_model.items():
         source = outs[0]["source"]
-        feeds = generate(plan_inputs(describe_inputs(onnx.load(str(source), load_external_data=False))), seed=0)
+        feeds = generated_inputs(onnx.load(str(source), load_external_data=False))
         ref_sess = runner.session(str(source), device)
         ref = runner.run(ref_sess, feeds)
         base = runner.latency(ref_sess, feeds, device, iterations, warmup)
@@ -102,16 +112,14 @@ def measure(entries: list[dict], device: str, iterations: int, warmup: int, mode
             row = {"model": model, "tool": e["tool"], "device": device}
             try:
                 sess = runner.session(str(e["output"]), device)
-                got = runner.run(sess, runner.feeds_for(sess, feeds))
-                lat = runner.latency(sess, runner.feeds_for(sess, feeds), device, iterations, warmup)
+                own = runner.feeds_for(sess, feeds)
+                got = runner.run(sess, own)
+                lat = runner.latency(sess, own, device, iterations, warmup)
             except AutocastError as exc:
                 row.update(ok=False, failure=exc.what[:160])
             else:
-                errs = [
-                    relative_error(np.asarray(g, dtype=np.float32), r) for r, g in zip(ref, got) if r.dtype.kind == "f"
-                ]
-                row.update(ok=True, ms=lat["p50_ms"], vs_fp32=lat["p50_ms"] / base["p50_ms"])
-                row["error"] = max(errs) if errs else None
+                ms = lat["p50_ms"]
+                row.update(ok=True, ms=ms, vs_fp32=ms / base["p50_ms"], error=worst_error(ref, got))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     return rows

@@ -165,9 +165,7 @@ def fp32_category_ops_in_fp16(model: onnx.ModelProto) -> int:
 
 def evaluate(src: Path, dst: Path) -> dict:
     from autocast_onnx.validate import runner
-    from autocast_onnx.validate.diagnose import relative_error
     from autocast_onnx.validate.emulate import emulation_model
-    from autocast_onnx.validate.inputs import describe_inputs, generate, plan_inputs
 
     out: dict = {}
     try:
@@ -194,13 +192,15 @@ def evaluate(src: Path, dst: Path) -> dict:
     out["fp32_ops_in_fp16"] = fp32_category_ops_in_fp16(converted)
     out["error"] = None
     if len(source.graph.node) <= LARGE:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from bench_latency import generated_inputs, worst_error
+
         try:
-            feeds = generate(plan_inputs(describe_inputs(source)), seed=0)
+            feeds = generated_inputs(source)
             ref = runner.run(runner.session(str(src), "cpu"), feeds)
             emu = runner.session(emulation_model(converted).SerializeToString(), "cpu", optimize=False)
             got = runner.run(emu, runner.feeds_for(emu, feeds))
-            errs = [relative_error(g.astype(np.float32), r) for r, g in zip(ref, got) if r.dtype.kind == "f"]
-            out["error"] = max(errs) if errs else None
+            out["error"] = worst_error(ref, got)
         except Exception as exc:
             out["error_failed"] = str(exc).splitlines()[0][:120]
     return out

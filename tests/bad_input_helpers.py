@@ -289,14 +289,9 @@ class _FullDisk:
 
     def writev(self, buffers):
         """os.writev on this file's descriptor (how io.Pieces are written), within the budget."""
-        self._fh.flush()
-        data = b"".join(bytes(b) for b in buffers)
-        if len(data) > self._budget:
-            os.write(self._fh.fileno(), data[: self._budget])
-            self._budget = 0
-            raise enospc()
-        self._budget -= len(data)
-        return os.write(self._fh.fileno(), data)
+        written = self.write(b"".join(bytes(b) for b in buffers))
+        self._fh.flush()  # the caller writes to the descriptor next
+        return written
 
     def __getattr__(self, name):
         return getattr(self._fh, name)
