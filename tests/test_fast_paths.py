@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -174,6 +176,45 @@ def test_the_console_entry_exits_with_the_commands_code(tmp_path):
     bad = cli_process("convert", "missing.onnx", cwd=tmp_path)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "missing.onnx" in bad.stderr
+
+
+def test_the_console_entry_keeps_the_result_until_the_exit_and_main_keeps_nothing(tmp_path, monkeypatch):
+    """run() ends with os._exit, so the conversion's result is kept rather than freed object by
+    object when the command returns; main() (tests, callers) keeps nothing between calls."""
+    from autocast_onnx.cli import main as cli
+    from autocast_onnx.pipeline import ConversionResult
+
+    model = parse(
+        """
+        tiny (float[2,4] x) => (float[2,4] y) { [fc] h = MatMul(x, w) [sm] y = Softmax(h) }""",
+        w=randn([4, 4]),
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+
+    class Exited(Exception):
+        pass
+
+    def no_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(cli, "_KEPT_UNTIL_EXIT", None)
+    monkeypatch.setattr(cli.os, "_exit", no_exit)
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # pytest's handlers stay open
+    monkeypatch.setattr(
+        sys, "argv", ["autocast-onnx", "convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "a.onnx"), "-q"]
+    )
+    with pytest.raises(Exited) as exited:
+        cli.run()
+    assert exited.value.args == (0,)
+    kept = cli._KEPT_UNTIL_EXIT
+    assert [type(obj) for obj in kept] == [ConversionResult]
+    assert [n.op_type for n in kept[0].model.graph.node].count("Cast") >= 1
+
+    monkeypatch.setattr(cli, "_KEPT_UNTIL_EXIT", None)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "b.onnx"), "-q"])
+    assert done.value.code == 0 and cli._KEPT_UNTIL_EXIT is None
+    assert (tmp_path / "b.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes()
 
 
 def test_a_conversion_leaves_the_programs_frozen_objects_frozen():
