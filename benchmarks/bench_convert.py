@@ -8,8 +8,9 @@ It prints a table of seconds and the ratio convert / baseline, best of --repeat 
 
 With --process each run is a whole process instead, as a user meets them: `python -c "onnx.save(
 onnx.load(IN), OUT)"` (the floor) against `autocast-onnx convert IN -o OUT -q` (the CLI, default
---check basic), run alternately --repeat times; it prints the medians of wall time and of peak
-resident memory (VmHWM) with their ratios. PYTHONPATH pointing at another checkout measures that
+--check basic), run alternately --repeat times, each after an untimed os.sync(); it prints the
+medians of wall time and of peak resident memory (VmHWM) with their ratios, and the spread of
+the ratio of each convert run to the floor run just before it. PYTHONPATH pointing at another checkout measures that
 version of autocast-onnx. The measured package is byte-compiled first, as `pip install` does (an
 editable checkout under PYTHONDONTWRITEBYTECODE would compile every module in every process).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import subprocess
 import sys
@@ -129,7 +131,10 @@ else:
 
 
 def run_process(mode: str, src: Path, dst: Path) -> tuple[float, int]:
-    """Wall time (interpreter start and exit included) and peak RSS of one child process."""
+    """Wall time (interpreter start and exit included) and peak RSS of one child process. The
+    page cache's dirty pages are written back first, untimed: the floor does not sync the copy
+    it writes, and its write-back would otherwise run during the next run, whichever it is."""
+    os.sync()
     start = time.perf_counter()
     # run in the model's folder: `python -c` puts the working folder first on sys.path, so from a
     # checkout's root the child would import that checkout instead of the one PYTHONPATH names
@@ -154,8 +159,9 @@ def main_process(args, tmp: Path) -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", package], check=True, capture_output=True)
     print(f"autocast-onnx from {package}")
     print(f"whole processes, hidden size {args.hidden}, medians of {args.repeat} alternating runs")
+    print("(pairs: each convert run over the floor run just before it, lowest-median-highest)")
     print(
-        f"{'nodes':>8} {'MB':>6} {'floor s':>8} {'convert s':>10} {'ratio':>6} "
+        f"{'nodes':>8} {'MB':>6} {'floor s':>8} {'convert s':>10} {'ratio':>6} {'pairs':>15} "
         f"{'floor MiB':>10} {'convert MiB':>12} {'ratio':>6}"
     )
     for size in args.sizes:
@@ -167,9 +173,12 @@ def main_process(args, tmp: Path) -> None:
             conv.append(run_process("convert", src, tmp / "out.onnx"))
         ft, fm = statistics.median(t for t, _ in floor), statistics.median(m for _, m in floor)
         ct, cm = statistics.median(t for t, _ in conv), statistics.median(m for _, m in conv)
+        pairs = sorted(c / f for (f, _), (c, _) in zip(floor, conv))
+        spread = f"{pairs[0]:.2f}-{statistics.median(pairs):.2f}-{pairs[-1]:.2f}"
         print(
             f"{len(onnx.load(src, load_external_data=False).graph.node):>8} {src.stat().st_size / 1e6:>6.0f} "
-            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f}",
+            f"{ft:>8.2f} {ct:>10.2f} {ct / ft:>6.2f} {spread:>15} "
+            f"{fm / 2**20:>10.0f} {cm / 2**20:>12.0f} {cm / fm:>6.2f}",
             flush=True,
         )
         src.unlink()
