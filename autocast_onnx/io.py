@@ -51,11 +51,15 @@ class LoadedModel:
     external_checked: bool = False  # the main graph's external-data locations were checked (load_model)
 
 
-# fp32 payloads at least this large may be left in the model's file by load_model
-LEFT_IN_FILE_MIN_BYTES = 4096
+LEFT_IN_FILE_MIN_BYTES = wire.LEFT_IN_FILE_MIN_BYTES  # fp32 payloads this large may be left in the file
 
 
-def load_model(path: str | os.PathLike, load_external: bool = True, leave_in_file: bool = False) -> LoadedModel:
+def load_model(
+    path: str | os.PathLike,
+    load_external: bool = True,
+    leave_in_file: bool = False,
+    prepared: Callable[[], tuple[bytes, list, tuple] | None] | None = None,
+) -> LoadedModel:
     """Read an ONNX file; raise AutocastError with one clear line for anything unusable.
 
     External data locations are always checked (inside the model's folder, file present, range
@@ -67,7 +71,10 @@ def load_model(path: str | os.PathLike, load_external: bool = True, leave_in_fil
     what it is), so the parse copies none of them, and a payload the rewrite replaces with fp16
     never sits in memory at all. `left_in_file.inline(model)` reads back the ones still there
     before the model is written. Where the file's encoding is one the walk does not follow
-    (wire.py), the file is parsed whole, as without the option."""
+    (wire.py), the file is parsed whole, as without the option. `prepared` (with leave_in_file:
+    plan.screen.WeightScreen.encoding, the worker's walk of this file) gives that encoding, its
+    payloads' places and the file's identity as the worker found it; from a None, or a file
+    that is not the one the worker walked, the loader walks the file itself."""
     path = Path(path)
     where = str(path)
     if not path.exists():
@@ -76,7 +83,7 @@ def load_model(path: str | os.PathLike, load_external: bool = True, leave_in_fil
         raise AutocastError("is a directory, not an ONNX file", where, "pass the .onnx file inside it")
     model = onnx.ModelProto()
     try:
-        size, left = _parse_file(path, model, leave_in_file and not load_external)
+        size, left = _parse_file(path, model, leave_in_file and not load_external, prepared)
     except OSError as exc:
         raise AutocastError(f"cannot read file: {exc.strerror}", where, "check its permissions") from None
     except (DecodeError, RuntimeError, ValueError):
@@ -103,7 +110,9 @@ def load_model(path: str | os.PathLike, load_external: bool = True, leave_in_fil
     return loaded
 
 
-def _parse_file(path: Path, model: onnx.ModelProto, leave_in_file: bool = False) -> tuple[int, PayloadsInFile | None]:
+def _parse_file(
+    path: Path, model: onnx.ModelProto, leave_in_file: bool = False, prepared=None
+) -> tuple[int, PayloadsInFile | None]:
     """Parse the file at `path` into `model`; returns its size in bytes (0: nothing parsed) and
     the payloads left in it (leave_in_file; see load_model). The file is mapped rather than read:
     the parser copies what it keeps, so the file's bytes need not be copied into memory first
@@ -118,68 +127,58 @@ def _parse_file(path: Path, model: onnx.ModelProto, leave_in_file: bool = False)
                 model.ParseFromString(data)
             return len(data), None
         with mapped, memoryview(mapped) as view:
-            left = _parse_leaving_payloads(view, path, model, os.fstat(fh.fileno())) if leave_in_file else None
+            st = os.fstat(fh.fileno())
+            left = _parse_leaving_payloads(view, path, model, st, prepared) if leave_in_file else None
             if left is None:
                 model.ParseFromString(view)
             return len(view), left if left else None  # parsed, with nothing left in the file
 
 
-def _parse_leaving_payloads(view: memoryview, path: Path, model: onnx.ModelProto, st) -> PayloadsInFile | None:
+def _parse_leaving_payloads(
+    view: memoryview, path: Path, model: onnx.ModelProto, st, prepared=None
+) -> PayloadsInFile | None:
     """Parse `view` (the mapped file at `path`) into `model` with the main graph's large plain
     fp32 payloads left in the file, as external data at their own offsets (possibly none: each
     payload that does not fit its tensor's dims is put back); None, with nothing parsed, when the
-    file has no such payload or an encoding the walk does not follow."""
+    file has no such payload or an encoding the walk does not follow. `prepared()` gives the
+    encoding and the payloads' places from the worker's walk of the same file (worker.py)."""
     base = path.parent.resolve()
     if not (base / path.name).resolve().is_relative_to(base):
         return None  # a link to a file elsewhere: its data would be refused as outside the folder
+    ready = prepared() if prepared is not None else None
+    if ready is not None and ready[2] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
+        encoding, rows, _ = ready
+        del ready
+        try:
+            model.ParseFromString(encoding)
+            return _left_in_file(view, path, model, st, rows)
+        except (DecodeError, RuntimeError, ValueError, IndexError):
+            model.Clear()  # not the file's encoding after all: walked here
     try:
         graph = wire.main_graph(view)
-        chosen = [
-            init
-            for init in wire.initializers(view, graph)
-            if init.plain and init.dtype == onnx.TensorProto.FLOAT and init.raw is not None
-            and init.raw[2] >= LEFT_IN_FILE_MIN_BYTES and not init.raw[2] % 4
-        ]  # fmt: skip
+        chosen = [init for init in wire.initializers(view, graph) if wire.may_leave_in_file(init)]
     except (wire.Unwalked, IndexError):
         return None
     if not chosen:
         return None
-    location = wire.string_entry(13, "location", path.name)
-    pieces: list = []
-    pos, size = graph[1], 0
-    for init in chosen:
-        raw_key, raw_start, length = init.raw
-        offset, count = b"%d" % raw_start, b"%d" % length
-        # the tensor without its raw_data, then external_data entries (field 13) for location,
-        # offset and length, then data_location = EXTERNAL (field 14, given last: it wins over
-        # an earlier one)
-        tail = b"%b\x6a%c\x0a\x06offset\x12%c%b\x6a%c\x0a\x06length\x12%c%b\x70\x01" % (
-            location,
-            10 + len(offset),
-            len(offset),
-            offset,
-            10 + len(count),
-            len(count),
-            count,
-        )
-        header = b"\x2a" + wire.encode_varint((raw_key - init.start) + (init.stop - raw_start - length) + len(tail))
-        pieces += (view[pos : init.key], header, view[init.start : raw_key], view[raw_start + length : init.stop], tail)
-        size += (init.key - pos) + len(header) + (raw_key - init.start) + (init.stop - raw_start - length) + len(tail)
-        pos = init.stop
-    pieces.append(view[pos : graph[2]])
-    size += graph[2] - pos
-    head = [view[: graph[0]], bytes([wire.GRAPH_KEY]), wire.encode_varint(size)]
-    model.ParseFromString(b"".join(head + pieces + [view[graph[2] :]]))
-    del pieces, head
+    parts = wire.leaving_payloads(view, graph, chosen, path.name)
+    model.ParseFromString(b"".join(parts))
+    del parts
+    return _left_in_file(view, path, model, st, [(init.ordinal, init.raw[1], init.raw[2]) for init in chosen])
+
+
+def _left_in_file(view: memoryview, path: Path, model: onnx.ModelProto, st, rows) -> PayloadsInFile:
+    """The payloads left in the file at `path` (mapped as `view`): `rows` gives the ordinal of
+    each such initializer of the main graph, its payload's offset and its length. A payload that
+    does not fit its tensor's dims is put back into the tensor, as it was."""
     inits = model.graph.initializer
     left = []
-    for init in chosen:
-        tensor = inits[init.ordinal]
-        raw_start, length = init.raw[1], init.raw[2]
+    for ordinal, raw_start, length in rows:
+        tensor = inits[ordinal]
         if 4 * math.prod(tensor.dims) != length:  # a payload that does not fit its dims stays as it was
             _restore(tensor, bytes(view[raw_start : raw_start + length]))
             continue
-        left.append((init.ordinal, tensor, raw_start, length))
+        left.append((ordinal, tensor, raw_start, length))
     return PayloadsInFile(path, left, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 

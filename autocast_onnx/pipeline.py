@@ -568,7 +568,12 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     # left in the input file: the screen's worker converts them from it, so the rewrite never needs
     # them in memory, and those kept fp32 are read back before the save.
     with _no_gc():  # the walk of a large file makes an object per initializer: no full collections meanwhile
-        loaded = load_model(in_path, load_external=False, leave_in_file=screen is not None)
+        loaded = load_model(
+            in_path,
+            load_external=False,
+            leave_in_file=screen is not None,
+            prepared=screen.encoding if screen is not None else None,  # the worker's walk of the file
+        )
     timings = {"load": time.perf_counter() - t}
     _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
     check = options.pop("check", "basic")

@@ -25,6 +25,9 @@ _LOCATION = 14 << 3
 # fields that hold a payload some other way than raw_data (or say where it is)
 _OTHER_DATA = frozenset({3, 4, 5, 6, 7, 10, 11, 13})
 EXTERNAL = 1  # TensorProto.EXTERNAL
+FLOAT = 1  # TensorProto.FLOAT
+# fp32 payloads at least this large may be left in the model's file by the loader (io.load_model)
+LEFT_IN_FILE_MIN_BYTES = 4096
 
 
 class Unwalked(Exception):
@@ -185,3 +188,42 @@ def string_entry(field: int, key: str, value: str) -> bytes:
     k, v = key.encode(), value.encode()
     body = b"\x0a" + encode_varint(len(k)) + k + b"\x12" + encode_varint(len(v)) + v
     return encode_varint(field << 3 | 2) + encode_varint(len(body)) + body
+
+
+def may_leave_in_file(init: Initializer) -> bool:
+    """Whether the loader leaves this initializer's payload in the file: a plain fp32 raw
+    payload of LEFT_IN_FILE_MIN_BYTES or more, whole float32 values."""
+    return (
+        init.plain and init.dtype == FLOAT and init.raw is not None
+        and init.raw[2] >= LEFT_IN_FILE_MIN_BYTES and not init.raw[2] % 4
+    )  # fmt: skip
+
+
+def leaving_payloads(data, graph: tuple[int, int, int], chosen: list, location: str) -> list:
+    """The parts of the encoding of `data` (a serialized ModelProto whose main graph lies at
+    `graph`) with each of the `chosen` initializers' raw payloads left where it is: the tensor
+    without its raw_data, then external_data entries (field 13) naming the file `location` and
+    the payload's own offset and length, then data_location = EXTERNAL (field 14, given last: it
+    wins over an earlier one). Joined, the parts parse as that model. `chosen` is in graph order."""
+    where = string_entry(13, "location", location)
+    parts: list = []
+    pos, size = graph[1], 0
+    for init in chosen:
+        raw_key, raw_start, length = init.raw
+        offset, count = b"%d" % raw_start, b"%d" % length
+        tail = b"%b\x6a%c\x0a\x06offset\x12%c%b\x6a%c\x0a\x06length\x12%c%b\x70\x01" % (
+            where,
+            10 + len(offset),
+            len(offset),
+            offset,
+            10 + len(count),
+            len(count),
+            count,
+        )
+        header = b"\x2a" + encode_varint((raw_key - init.start) + (init.stop - raw_start - length) + len(tail))
+        parts += (data[pos : init.key], header, data[init.start : raw_key], data[raw_start + length : init.stop], tail)
+        size += (init.key - pos) + len(header) + (raw_key - init.start) + (init.stop - raw_start - length) + len(tail)
+        pos = init.stop
+    parts.append(data[pos : graph[2]])
+    size += graph[2] - pos
+    return [data[: graph[0]], bytes([GRAPH_KEY]), encode_varint(size), *parts, data[graph[2] :]]

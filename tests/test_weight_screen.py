@@ -209,7 +209,7 @@ def test_a_failing_worker_falls_back_to_the_in_process_screen(monkeypatch, tmp_p
     monkeypatch.setattr(screen_module, "MIN_BYTES", 10**15)
     convert_file(source, tmp_path / "expected.onnx")
 
-    def broken(model, buffer, fd):
+    def broken(*args):
         raise RuntimeError("the worker fails")
 
     monkeypatch.setattr(screen_module, "_work", broken)

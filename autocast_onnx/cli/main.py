@@ -569,6 +569,17 @@ def convert(
     MODEL may be an onnxruntime-training artifacts folder: its training and eval models are
     converted into the -o folder (default: FOLDER.<precision>), the optimizer model and
     checkpoint are copied, and autocast-manifest.json says what changed."""
+    early = (
+        plan_file is None
+        and kw.get("precision") in (None, "fp16")
+        and external_data is not True
+        and not (run_validate or targets or calibration_data)
+        and os.path.isfile(model)
+    )
+    if early:  # the worker's walk of the file runs while this process imports (worker.py)
+        from .. import worker
+
+        worker.start_early(model)
     from ..report import conversion_summary
 
     report_json = kw.get("report_json")
@@ -712,7 +723,11 @@ def convert(
         _write_validation_reports(report, report_json, report_html)
         return report["passed"]
 
-    passed = run_guarded(body, doing="converting", subject=model)
+    try:
+        passed = run_guarded(body, doing="converting", subject=model)
+    finally:
+        if early:  # not taken over (the configuration chose bf16, the input was refused...)
+            worker.discard_early()
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
 
 

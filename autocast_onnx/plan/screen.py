@@ -11,101 +11,95 @@ and it parses no model of its own either: it walks the file's protobuf encoding 
 initializers' raw payloads and converts them straight from the mapped file, so its memory is
 the interpreter and one group of tensors, whatever the model's size.
 
-Used when it can pay: Linux, fp16 target, a model in memory (no spill to external data), no
-other thread running (a fork copies only the calling thread), at least MIN_BYTES of model file,
-and a process of at most MAX_PARENT_BYTES resident (the command line's is ~40 MiB before the
-load; a long-running process that holds more would pay a copy of each shared page it writes).
+The worker (worker.py) walks the file once for the loader too, and the command line forks it
+before importing onnx and numpy. Used when it can pay: Linux, fp16 target, a model in memory
+(no spill to external data), no other thread running (a fork copies only the calling thread),
+at least MIN_BYTES of model file, and a process of at most MAX_PARENT_BYTES resident (the
+command line's is ~15 MiB before its imports; a long-running process that holds more would pay
+a copy of each shared page it writes).
 Anything unexpected (the worker died, met an encoding it does not walk, named a tensor the
 loaded model does not have there, the file was replaced) makes `results()` return None, and
 classification screens the weights itself, as it does without a worker.
 
     screen = WeightScreen.start(path)       # before the model is loaded
+    loaded = load_model(path, ..., prepared=screen.encoding)
     ...
     screened = screen.results(model)        # {name: (fp16 bytes view, lost)} or None
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import mmap
 import os
-import sys
-import threading
+from array import array
 
 import numpy as np
 from onnx import TensorProto
 
-from .. import wire
+from .. import wire, worker
 from ..errors import InternalCheckError
 from ..hazards import fp16_lost
 
 log = logging.getLogger(__name__)
 
-MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
-MAX_PARENT_BYTES = 256 * 2**20  # resident bytes of this process above which it does not fork
+MIN_BYTES = worker.MIN_BYTES  # model file bytes below which the fork costs more than it saves
+MAX_PARENT_BYTES = worker.MAX_PARENT_BYTES  # resident bytes of this process above which it does not fork
 _GROUP_BYTES = 4 * 2**20  # fp32 bytes the worker converts and screens at a time (cache-sized)
 _FLOAT = TensorProto.FLOAT
 
 
 class WeightScreen:
-    """A forked worker's fp16 conversion of the main graph's fp32 raw-data initializers."""
+    """A forked worker's fp16 conversion of the main graph's fp32 raw-data initializers (and,
+    first, the loader's encoding of the file: worker.py)."""
 
-    def __init__(self, pid: int, fd: int, buffer: mmap.mmap, path, seen: tuple):
-        self._path = path
-        self._seen = seen  # the file as the worker found it: a file replaced since is not trusted
-        self._pid = pid
-        self._fd = fd
-        self._buffer: mmap.mmap | None = buffer  # let go of once the results are handed over
+    def __init__(self, handle: worker.Worker):
+        self._path = handle.path
+        self._seen = handle.seen  # the file as the worker found it: a file replaced since is not trusted
+        self._pid = handle.pid
+        self._fd = handle.fd
+        self._buffer = handle.buffer  # let go of once the results are handed over
+        self._encoding = handle.encoding
+        self._encoding_read = False
         self._done = False
 
     @classmethod
     def start(cls, path, min_bytes: int | None = None) -> WeightScreen | None:
-        """Fork the worker for the model file at `path`, or None where it cannot or would not pay
-        (see the module docstring). Called before the model is loaded: the worker parses its own
-        copy while this process parses the file too, and the fork copies no model memory that
-        this process would then pay to write to (every page a fork shares is copied on its first
-        write). The file's size bounds the fp32 payloads, so the shared buffer is sized without
-        reading the tensors."""
-        if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        """The worker for the model file at `path`: the one the command line forked before its
+        imports (worker.start_early) when it is for this file, else one forked now; None where
+        it cannot or would not pay (see worker.py). Called before the model is loaded: the
+        worker walks the file while this process waits for nothing it does not need, and the
+        fork copies no model memory that this process would then pay to write to (every page a
+        fork shares is copied on its first write). The file's size bounds the fp32 payloads, so
+        the shared buffers are sized without reading the tensors."""
+        handle = worker.take_early(path) if min_bytes is None else None
+        if handle is None:
+            handle = worker.fork(path, MIN_BYTES if min_bytes is None else min_bytes, MAX_PARENT_BYTES)
+        if handle is None:
+            log.debug("weight screen: no worker (see worker.py), screening in process")
             return None
-        if threading.active_count() != 1:
-            log.debug("weight screen: other threads are running, screening in process")
+        return cls(handle)
+
+    def encoding(self) -> tuple[bytes, list, tuple] | None:
+        """For the loader: the file's encoding with the main graph's large fp32 payloads left in
+        the file, the (ordinal, offset, length) of each of those payloads, and the file's
+        identity (device, inode, size, mtime) when the worker walked it; None when the
+        worker's walk failed or left nothing in the file (the loader then walks or parses the
+        file itself). Waits for the worker's walk. Read at most once, before results()."""
+        if self._encoding_read or self._done:
+            raise InternalCheckError("the worker's encoding was read twice or after its results")
+        self._encoding_read = True
+        shared, self._encoding = self._encoding, None
+        head = _read_exact(self._fd, worker.HEADER_BYTES)
+        if len(head) < worker.HEADER_BYTES:
+            return None  # the worker died
+        size, count = array("q", head)
+        body = _read_exact(self._fd, 8 * worker.ROW_ITEMS * max(count, 0))
+        if size <= 0 or count <= 0 or len(body) != 8 * worker.ROW_ITEMS * count or size > len(shared):
             return None
-        if _resident_bytes() > MAX_PARENT_BYTES:
-            # a process that already holds much (a service converting one model after another):
-            # each of its pages the fork shares would be copied on its next write, which costs
-            # more than the worker saves
-            log.debug("weight screen: this process is large, screening in process")
-            return None
-        try:
-            file_bytes = os.stat(path).st_size
-        except OSError:
-            return None  # loading the model says what is wrong with it
-        if file_bytes < (MIN_BYTES if min_bytes is None else min_bytes):
-            return None
-        seen = _identity(path)
-        buffer = mmap.mmap(-1, file_bytes // 2 + mmap.PAGESIZE)
-        read_fd, write_fd = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            log.debug("weight screen: fork failed (%s), screening in process", exc)
-            os.close(read_fd)
-            os.close(write_fd)
-            buffer.close()
-            return None
-        if pid == 0:  # the worker: never returns
-            os.close(read_fd)
-            gc.disable()  # no cyclic collections: it keeps an object per initializer until it exits
-            status = 1
-            try:
-                _work(path, buffer, write_fd)
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write_fd)
-        return cls(pid, read_fd, buffer, path, seen)
+        flat = array("q", body).tolist()
+        rows = [tuple(flat[k : k + worker.ROW_ITEMS]) for k in range(0, len(flat), worker.ROW_ITEMS)]
+        return shared[:size], rows, self._seen
 
     def results(self, model, names: list[str] | None = None) -> dict | None:
         """name -> (fp16 bytes as a memoryview of the shared buffer, whether range was lost) for
@@ -115,6 +109,8 @@ class WeightScreen:
         views hold the shared buffer, which goes when the caller lets go of them."""
         if self._done:
             raise InternalCheckError("the weight screen's results were read twice")
+        if not self._encoding_read:
+            self.encoding()  # the loader's message comes first: passed over
         self._done = True
         chunks = []
         try:
@@ -131,7 +127,7 @@ class WeightScreen:
         if names is None:
             names = [t.name for t in model.graph.initializer]
         out = _decode(message, names, buffer) if status == 0 and buffer is not None else None
-        if out is None or _identity(self._path) != self._seen:
+        if out is None or worker.identity(self._path) != self._seen:
             log.debug("weight screen: the worker failed (status %d), screening in process", status)
             return None
         return out
@@ -146,7 +142,19 @@ class WeightScreen:
                 pass
             os.close(self._fd)
             os.waitpid(self._pid, 0)
-            self._buffer = None
+            self._buffer = self._encoding = None
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    """`n` bytes from the pipe `fd`, or fewer where it ends first."""
+    parts, left = [], n
+    while left > 0:
+        part = os.read(fd, min(left, 1 << 20))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def _decode(message: bytes, known: list[str], buffer: mmap.mmap) -> dict | None:
@@ -177,10 +185,11 @@ def _decode(message: bytes, known: list[str], buffer: mmap.mmap) -> dict | None:
     return out
 
 
-def _work(path, buffer: mmap.mmap, fd: int) -> None:
-    """In the worker: convert every fp32 raw-data initializer of the main graph of the model file
-    at `path` into `buffer` (in graph order, back to back), straight from the mapped file, a
-    cache-sized group at a time, and write the message `_decode` reads to `fd`."""
+def _work(data, buffer, fd: int, inits: list | None = None) -> None:
+    """In the worker (worker.py): convert every fp32 raw-data initializer of the main graph of
+    the model file mapped as `data` (`inits`: its initializers as the worker's walk found them)
+    into `buffer` (in graph order, back to back), straight from the mapped file, a cache-sized
+    group at a time, and write the message `_decode` reads to `fd`."""
     out = np.frombuffer(buffer, dtype="<f2", count=len(buffer) // 2)
     rows: list[tuple[int, int, int, int]] = []
     names: list[bytes] = []
@@ -204,14 +213,13 @@ def _work(path, buffer: mmap.mmap, fd: int) -> None:
         group.clear()
         gathered = 0
 
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        for ordinal, name, start, length in _fp32_payloads(data):
-            group.append((ordinal, name, np.frombuffer(data, dtype="<f4", count=length // 4, offset=start)))
-            gathered += length
-            if gathered >= _GROUP_BYTES:
-                flush()
-        if group:
+    for ordinal, name, start, length in _fp32_payloads(data, inits):
+        group.append((ordinal, name, np.frombuffer(data, dtype="<f4", count=length // 4, offset=start)))
+        gathered += length
+        if gathered >= _GROUP_BYTES:
             flush()
+    if group:
+        flush()
     message = len(rows).to_bytes(8, "little") + np.asarray(rows, dtype="<i8").reshape(-1, 4).tobytes()
     message += b"".join(names)
     view = memoryview(message)
@@ -220,26 +228,10 @@ def _work(path, buffer: mmap.mmap, fd: int) -> None:
     os.close(fd)
 
 
-def _fp32_payloads(data):
+def _fp32_payloads(data, inits: list | None = None):
     """(ordinal, name, start, length) of the raw fp32 payload of each initializer of the main
     graph of the serialized ModelProto `data`, in the order protobuf parses them (wire.py walks
     the encoding; an encoding it does not follow makes the worker fail)."""
-    for init in wire.initializers(data):
+    for init in wire.initializers(data) if inits is None else inits:
         if init.dtype == _FLOAT and init.raw is not None and init.raw[2] and not init.raw[2] % 4 and not init.external:
             yield init.ordinal, init.name, init.raw[1], init.raw[2]
-
-
-def _identity(path) -> tuple:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ()
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * mmap.PAGESIZE
-    except (OSError, ValueError, IndexError):
-        return MAX_PARENT_BYTES + 1  # unknown: do not fork

@@ -1,0 +1,200 @@
+"""The worker a conversion forks before it loads the model file. It walks the file's protobuf
+encoding once (wire.py) for two stages:
+
+- the loader (io.load_model): the worker writes the file's encoding with the main graph's large
+  fp32 payloads left in the file (wire.leaving_payloads) into memory both processes share, and
+  lists those payloads; the main process parses that encoding instead of walking the file;
+- the weight screen (plan/screen.py): the worker converts the main graph's fp32 payloads to fp16
+  from the mapped file into shared memory and flags those that lost range.
+
+This module imports nothing beyond the standard library and wire.py, so the command line can
+fork the worker before it imports onnx and numpy (start_early: 0.14 s of imports during which
+the walk runs on the second core). The worker imports the screen's modules itself, after the
+walk.
+
+What the worker writes on its pipe, in order: the loader's message (a header of two int64: the
+encoding's size in the shared `encoding` buffer, or -1 when the walk failed, and the number of
+rows; then a row of three int64 per payload left in the file: ordinal, offset, length), then
+the screen's message (plan/screen.py), then nothing more: it exits.
+
+Forked only where it can pay: Linux, no other thread running (a fork copies only the calling
+thread), a model file of at least MIN_BYTES, and a process of at most MAX_PARENT_BYTES resident
+(a process that holds more would pay a copy of each shared page it then writes to)."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import sys
+import threading
+from array import array
+from pathlib import Path
+
+from . import wire
+
+MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
+MAX_PARENT_BYTES = 256 * 2**20  # resident bytes of this process above which it does not fork
+HEADER_BYTES = 16  # the loader's message: encoding size, row count
+ROW_ITEMS = 3  # ordinal, offset, length
+
+
+class Worker:
+    """The parent's handle on a forked worker: its process, the read end of its pipe, the
+    screen's and the loader's shared buffers, and the file as the worker found it."""
+
+    def __init__(self, pid: int, fd: int, buffer: mmap.mmap, encoding: mmap.mmap, path: Path, seen: tuple):
+        self.pid = pid
+        self.fd = fd
+        self.buffer = buffer
+        self.encoding = encoding
+        self.path = path
+        self.seen = seen
+
+
+def fork(path, min_bytes: int | None = None, max_parent_bytes: int | None = None) -> Worker | None:
+    """Fork the worker for the model file at `path`, or None where it cannot or would not pay
+    (limits: MIN_BYTES and MAX_PARENT_BYTES unless given)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return None
+    if threading.active_count() != 1:
+        return None
+    if resident_bytes() > (MAX_PARENT_BYTES if max_parent_bytes is None else max_parent_bytes):
+        return None
+    try:
+        file_bytes = os.stat(path).st_size
+    except OSError:
+        return None  # loading the model says what is wrong with it
+    if file_bytes < (MIN_BYTES if min_bytes is None else min_bytes):
+        return None
+    seen = identity(path)
+    # sized from the file: fp16 payloads are at most half of it, and the encoding with payloads
+    # left in the file is smaller than the file; only the pages written take memory
+    buffer = mmap.mmap(-1, file_bytes // 2 + mmap.PAGESIZE)
+    encoding = mmap.mmap(-1, file_bytes + mmap.PAGESIZE)
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        buffer.close()
+        encoding.close()
+        return None
+    if pid == 0:  # the worker: never returns
+        status = 1
+        try:
+            os.close(read_fd)
+            gc.disable()  # no cyclic collections: it keeps an object per initializer until it exits
+            _run(path, buffer, encoding, write_fd)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    return Worker(pid, read_fd, buffer, encoding, Path(path), seen)
+
+
+def _run(path, buffer: mmap.mmap, encoding: mmap.mmap, fd: int) -> None:
+    """In the worker: one walk of the file, the loader's message, then the screen's work."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        view = memoryview(data)
+        try:
+            graph = wire.main_graph(view)
+            inits = list(wire.initializers(view, graph))
+        except (wire.Unwalked, IndexError):
+            _write_all(fd, array("q", [-1, 0]).tobytes())
+            raise
+        chosen = [init for init in inits if wire.may_leave_in_file(init)]
+        size = (
+            _write_parts(encoding, wire.leaving_payloads(view, graph, chosen, os.path.basename(path))) if chosen else 0
+        )
+        rows = array("q", [size, len(chosen)])
+        for init in chosen:
+            rows.extend((init.ordinal, init.raw[1], init.raw[2]))
+        _write_all(fd, rows.tobytes())
+        del rows, chosen
+        from .plan import screen  # numpy and onnx: imported here, after the walk
+
+        screen._work(data, buffer, fd, inits)
+        del view
+
+
+def _write_parts(buffer: mmap.mmap, parts: list) -> int:
+    """Write `parts` (views of the mapped file, which must all be released before it is closed)
+    one after the other at the start of `buffer`; returns how many bytes."""
+    return sum(buffer.write(part) for part in parts)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# ---- started by the command line, before the imports -------------------------------------------
+
+_early: Worker | None = None
+
+
+def start_early(path) -> None:
+    """Fork the worker for the model file at `path` now, before the conversion's modules are
+    imported; the conversion's weight screen takes it over (take_early) if it screens that file.
+    Called by the command line for a conversion that may screen (fp16, no plan, no forced
+    external data)."""
+    global _early
+    discard_early()
+    _early = fork(path)
+
+
+def take_early(path) -> Worker | None:
+    """The worker start_early forked, if it was forked for this file and the file has not
+    changed since; it is the caller's from now on. Any other is stopped."""
+    global _early
+    found, _early = _early, None
+    if found is None:
+        return None
+    try:
+        same = Path(path).resolve() == found.path.resolve() and identity(path) == found.seen
+    except OSError:
+        same = False
+    if same:
+        return found
+    stop(found)
+    return None
+
+
+def discard_early() -> None:
+    """Stop the worker start_early forked if nothing took it over."""
+    global _early
+    found, _early = _early, None
+    if found is not None:
+        stop(found)
+
+
+def stop(worker: Worker) -> None:
+    """Kill and reap `worker` (its buffers go with the last reference to them)."""
+    try:
+        os.kill(worker.pid, 9)
+    except ProcessLookupError:
+        pass
+    try:
+        os.close(worker.fd)
+    except OSError:
+        pass
+    os.waitpid(worker.pid, 0)
+
+
+def identity(path) -> tuple:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return MAX_PARENT_BYTES + 1  # unknown: do not fork
