@@ -43,7 +43,9 @@ class Worker:
     """The parent's handle on a forked worker: its process, the read end of its pipe, the
     screen's and the loader's shared buffers, and the file as the worker found it."""
 
-    def __init__(self, pid: int, fd: int, buffer: mmap.mmap, encoding: mmap.mmap, path: Path, seen: tuple):
+    def __init__(
+        self, pid: int, fd: int, buffer: mmap.mmap | None, encoding: mmap.mmap | None, path: Path, seen: tuple
+    ):
         self.pid = pid
         self.fd = fd
         self.buffer = buffer

@@ -54,12 +54,14 @@ class WeightScreen:
     first, the loader's encoding of the file: worker.py)."""
 
     def __init__(self, handle: worker.Worker):
+        self._handle = handle
         self._path = handle.path
         self._seen = handle.seen  # the file as the worker found it: a file replaced since is not trusted
         self._pid = handle.pid
         self._fd = handle.fd
         self._buffer = handle.buffer  # let go of once the results are handed over
-        self._encoding = handle.encoding
+        self._encoding = handle.encoding  # let go of once the loader has its copy
+        handle.buffer = handle.encoding = None  # held here only
         self._encoding_read = False
         self._done = False
 
@@ -136,12 +138,7 @@ class WeightScreen:
         """Stop the worker if its results were never read (a failure before classification)."""
         if not self._done:
             self._done = True
-            try:
-                os.kill(self._pid, 9)
-            except ProcessLookupError:
-                pass
-            os.close(self._fd)
-            os.waitpid(self._pid, 0)
+            worker.stop(self._handle)
             self._buffer = self._encoding = None
 
 
