@@ -93,7 +93,7 @@ class WeightScreen:
         self._encoding_read = True
         shared, self._encoding = self._encoding, None
         head = _read_exact(self._fd, worker.HEADER_BYTES)
-        if len(head) < worker.HEADER_BYTES:
+        if len(head) < worker.HEADER_BYTES or shared is None:
             return None  # the worker died
         size, count = array("q", head)
         body = _read_exact(self._fd, 8 * worker.ROW_ITEMS * max(count, 0))
