@@ -142,10 +142,11 @@ def _parse_leaving_payloads(
     payload that does not fit its tensor's dims is put back); None, with nothing parsed, when the
     file has no such payload or an encoding the walk does not follow. `prepared()` gives the
     encoding and the payloads' places from the worker's walk of the same file (worker.py)."""
+    # read first, whatever follows: the worker waits for it to be read before it goes on
+    ready = prepared() if prepared is not None else None
     base = path.parent.resolve()
     if not (base / path.name).resolve().is_relative_to(base):
         return None  # a link to a file elsewhere: its data would be refused as outside the folder
-    ready = prepared() if prepared is not None else None
     if ready is not None and ready[2] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
         encoding, rows, _ = ready
         del ready

@@ -181,3 +181,37 @@ def test_the_command_line_stops_an_early_worker_nothing_took_over(tmp_path, monk
         cli_main(["convert", str(source), "-o", str(tmp_path / "out.onnx"), "-q"])
     assert done.value.code == 0 and len(forked) == 1  # the early worker, taken over: no second fork
     assert no_child_left() and onnx.load(tmp_path / "out.onnx").graph.node
+
+
+def test_the_loader_reads_the_workers_encoding_even_where_it_leaves_nothing(tmp_path, monkeypatch):
+    """A link to a model elsewhere is parsed whole, but the worker's first message is read at
+    the load all the same: the worker waits for it to be read before it converts, so leaving
+    it unread would hold the conversion up until the screen's results are asked for."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "here").mkdir()
+    real = tmp_path / "store" / "mlp.onnx"
+    onnx.save(mlp(), real)
+    link = tmp_path / "here" / "mlp.onnx"
+    link.symlink_to(real)
+    reads = []
+    encoding = WeightScreen.encoding
+
+    def recorded(self):
+        reads.append(pipeline.time.perf_counter())
+        return encoding(self)
+
+    left = []
+    load = pipeline.load_model
+
+    def loaded(*args, **kwargs):
+        out = load(*args, **kwargs)
+        left.append(out.left_in_file)
+        reads.append("loaded")
+        return out
+
+    monkeypatch.setattr(WeightScreen, "encoding", recorded)
+    monkeypatch.setattr(pipeline, "load_model", loaded)
+    monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
+    convert_file(link, tmp_path / "here" / "out.onnx")
+    assert left == [None] and len(reads) == 2 and reads[1] == "loaded"  # read during the load
+    assert no_child_left()
