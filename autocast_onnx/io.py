@@ -34,6 +34,7 @@ from onnx import numpy_helper
 from . import wire
 from .dtypes import ITEMSIZE
 from .errors import AutocastError, InternalCheckError
+from .worker import stat_identity, write_all
 
 PROTOBUF_LIMIT = 2**31 - 1
 # Initializers at least this large go to the external data file when one is written.
@@ -147,7 +148,7 @@ def _parse_leaving_payloads(
     base = path.parent.resolve()
     if not (base / path.name).resolve().is_relative_to(base):
         return None  # a link to a file elsewhere: its data would be refused as outside the folder
-    if ready is not None and ready[2] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
+    if ready is not None and ready[2] == stat_identity(st):
         encoding, rows, _ = ready
         del ready
         try:
@@ -180,7 +181,7 @@ def _left_in_file(view: memoryview, path: Path, model: onnx.ModelProto, st, rows
             _restore(tensor, bytes(view[raw_start : raw_start + length]))
             continue
         left.append((ordinal, tensor, raw_start, length))
-    return PayloadsInFile(path, left, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return PayloadsInFile(path, left, stat_identity(st))
 
 
 class PayloadsInFile:
@@ -213,7 +214,7 @@ class PayloadsInFile:
             ) from None
         with fh:
             st = os.fstat(fh.fileno())
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._identity:
+            if stat_identity(st) != self._identity:
                 raise AutocastError(
                     "the input model changed while it was being converted",
                     where,
@@ -697,9 +698,7 @@ def _write_all(fd: int, data) -> None:
     if isinstance(data, Pieces):
         data.write_to(fd)
         return
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    write_all(fd, data)
 
 
 def _write_in_place(path: Path, data) -> None:

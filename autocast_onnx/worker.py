@@ -104,7 +104,7 @@ def _run(path, buffer: mmap.mmap, encoding: mmap.mmap, fd: int) -> None:
             graph = wire.main_graph(view)
             inits = list(wire.initializers(view, graph))
         except (wire.Unwalked, IndexError):
-            _write_all(fd, array("q", [-1, 0]).tobytes())
+            write_all(fd, array("q", [-1, 0]).tobytes())
             raise
         chosen = [init for init in inits if wire.may_leave_in_file(init)]
         size = (
@@ -113,7 +113,7 @@ def _run(path, buffer: mmap.mmap, encoding: mmap.mmap, fd: int) -> None:
         rows = array("q", [size, len(chosen)])
         for init in chosen:
             rows.extend((init.ordinal, init.raw[1], init.raw[2]))
-        _write_all(fd, rows.tobytes())
+        write_all(fd, rows.tobytes())
         del rows, chosen
         from .plan import screen  # numpy and onnx: imported here, after the walk
 
@@ -127,7 +127,8 @@ def _write_parts(buffer: mmap.mmap, parts: list) -> int:
     return sum(buffer.write(part) for part in parts)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data) -> None:
+    """`data` (bytes-like) written whole to the file descriptor `fd`, whatever os.write takes."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -187,10 +188,15 @@ def stop(worker: Worker) -> None:
 
 
 def identity(path) -> tuple:
+    """The file at `path` as stat_identity sees it; () when it cannot be looked at."""
     try:
-        st = os.stat(path)
+        return stat_identity(os.stat(path))
     except OSError:
         return ()
+
+
+def stat_identity(st: os.stat_result) -> tuple:
+    """What tells one state of a file from another: device, inode, size, modification time."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 

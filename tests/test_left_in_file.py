@@ -195,15 +195,21 @@ def test_an_encoding_the_walk_does_not_follow_is_parsed_whole(tmp_path):
     assert all(t.data_location != TensorProto.EXTERNAL for t in loaded.model.graph.initializer)
 
 
-def test_a_link_to_a_model_elsewhere_is_parsed_whole(monkeypatch, tmp_path):
-    """Its payloads would lie outside the folder the model is read from: nothing is left, and
-    the conversion goes on as without the option."""
+def linked_mlp(tmp_path: Path) -> tuple[Path, Path]:
+    """(the model, a link to it from another folder): store/mlp.onnx and here/mlp.onnx."""
     (tmp_path / "store").mkdir()
     (tmp_path / "here").mkdir()
     real = tmp_path / "store" / "mlp.onnx"
     onnx.save(mlp(), real)
     link = tmp_path / "here" / "mlp.onnx"
     link.symlink_to(real)
+    return real, link
+
+
+def test_a_link_to_a_model_elsewhere_is_parsed_whole(monkeypatch, tmp_path):
+    """Its payloads would lie outside the folder the model is read from: nothing is left, and
+    the conversion goes on as without the option."""
+    real, link = linked_mlp(tmp_path)
     assert load_model(link, load_external=False, leave_in_file=True).left_in_file is None
     monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
     convert_file(link, tmp_path / "here" / "out.onnx")

@@ -15,7 +15,7 @@ import sys
 
 import onnx
 import pytest
-from test_left_in_file import mlp
+from test_left_in_file import linked_mlp, mlp
 
 from autocast_onnx import io as io_module
 from autocast_onnx import pipeline, wire, worker
@@ -187,12 +187,7 @@ def test_the_loader_reads_the_workers_encoding_even_where_it_leaves_nothing(tmp_
     """A link to a model elsewhere is parsed whole, but the worker's first message is read at
     the load all the same: the worker waits for it to be read before it converts, so leaving
     it unread would hold the conversion up until the screen's results are asked for."""
-    (tmp_path / "store").mkdir()
-    (tmp_path / "here").mkdir()
-    real = tmp_path / "store" / "mlp.onnx"
-    onnx.save(mlp(), real)
-    link = tmp_path / "here" / "mlp.onnx"
-    link.symlink_to(real)
+    _, link = linked_mlp(tmp_path)
     reads = []
     encoding = WeightScreen.encoding
 

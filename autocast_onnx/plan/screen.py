@@ -57,8 +57,6 @@ class WeightScreen:
         self._handle = handle
         self._path = handle.path
         self._seen = handle.seen  # the file as the worker found it: a file replaced since is not trusted
-        self._pid = handle.pid
-        self._fd = handle.fd
         self._buffer = handle.buffer  # let go of once the results are handed over
         self._encoding = handle.encoding  # let go of once the loader has its copy
         handle.buffer = handle.encoding = None  # held here only
@@ -92,11 +90,11 @@ class WeightScreen:
             raise InternalCheckError("the worker's encoding was read twice or after its results")
         self._encoding_read = True
         shared, self._encoding = self._encoding, None
-        head = _read_exact(self._fd, worker.HEADER_BYTES)
+        head = _read_exact(self._handle.fd, worker.HEADER_BYTES)
         if len(head) < worker.HEADER_BYTES or shared is None:
             return None  # the worker died
         size, count = array("q", head)
-        body = _read_exact(self._fd, 8 * worker.ROW_ITEMS * max(count, 0))
+        body = _read_exact(self._handle.fd, 8 * worker.ROW_ITEMS * max(count, 0))
         if size <= 0 or count <= 0 or len(body) != 8 * worker.ROW_ITEMS * count or size > len(shared):
             return None
         flat = array("q", body).tolist()
@@ -117,13 +115,13 @@ class WeightScreen:
         chunks = []
         try:
             while True:
-                part = os.read(self._fd, 1 << 20)
+                part = os.read(self._handle.fd, 1 << 20)
                 if not part:
                     break
                 chunks.append(part)
         finally:
-            os.close(self._fd)
-            _, status = os.waitpid(self._pid, 0)
+            os.close(self._handle.fd)
+            _, status = os.waitpid(self._handle.pid, 0)
         buffer, self._buffer = self._buffer, None
         message = b"".join(chunks)
         if names is None:
@@ -219,9 +217,7 @@ def _work(data, buffer, fd: int, inits: list | None = None) -> None:
         flush()
     message = len(rows).to_bytes(8, "little") + np.asarray(rows, dtype="<i8").reshape(-1, 4).tobytes()
     message += b"".join(names)
-    view = memoryview(message)
-    while view:
-        view = view[os.write(fd, view) :]
+    worker.write_all(fd, message)
     os.close(fd)
 
 
