@@ -8,13 +8,17 @@
   anything else         copied unchanged
 
 and a manifest (autocast-manifest.json) of what changed. The output folder appears whole or not
-at all: everything is written into a temporary folder beside it, then renamed into place.
+at all: everything is written into a temporary folder beside it, then renamed into place. Nothing
+outside the input folder is read (a symlink out of it is refused), no FIFO or device is opened,
+and an existing output folder is replaced only when it is this command's earlier output.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,28 +47,85 @@ def default_output_dir(in_dir: Path, precision: str) -> Path:
     return in_dir.with_name(f"{in_dir.name}.{precision}")
 
 
-def _check_out_dir(in_dir: Path, out_dir: Path) -> bool:
-    """Refuse an output folder that would overwrite the input or someone else's files; returns
-    whether it holds an earlier output of this command (then it is replaced)."""
-    if out_dir.resolve() == in_dir.resolve() or in_dir.resolve() in out_dir.resolve().parents:
+def _check_out_dir(in_dir: Path, out_dir: Path) -> None:
+    """Refuse an output folder that would overwrite the input or someone else's files. A folder
+    already there (an earlier output of this command, or an empty one) is replaced. Paths are
+    compared resolved, symlinks included, in both directions."""
+    _refuse_overlap(in_dir, out_dir)
+    if out_dir.is_symlink():
+        raise AutocastError(
+            "is a symbolic link",
+            str(out_dir),
+            "pass the folder itself or a new name; autocast-onnx replaces a folder, never writes through a link",
+        )
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AutocastError("exists and is not a folder", str(out_dir), "choose a new -o folder")
+    if out_dir.is_dir():
+        _check_earlier_output(out_dir)
+    elif not out_dir.parent.is_dir():
+        raise AutocastError("the folder it would be created in does not exist", str(out_dir), "create it first")
+
+
+def _refuse_overlap(in_dir: Path, out_dir: Path) -> None:
+    """Refuse an -o that is the input, lies inside it or holds it (replacing it would delete the input)."""
+    source, target = in_dir.resolve(), out_dir.resolve()
+    if target == source or target.is_relative_to(source):
         raise AutocastError(
             "the output folder is the artifacts folder or inside it",
             str(out_dir),
             "choose an -o folder outside the input; autocast-onnx never modifies its input",
         )
-    if out_dir.exists() and not out_dir.is_dir():
-        raise AutocastError("exists and is not a folder", str(out_dir), "choose a new -o folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if (out_dir / MANIFEST).is_file():
-            return True
+    if source.is_relative_to(target):
         raise AutocastError(
-            "the output folder exists and holds files autocast-onnx did not write (no autocast-manifest.json)",
+            f"the output folder holds the artifacts folder {in_dir} (replacing it would delete the input)",
+            str(out_dir),
+            "choose an -o folder outside the input; autocast-onnx never modifies its input",
+        )
+
+
+def _check_earlier_output(out_dir: Path) -> None:
+    """An existing -o folder is replaced only when it is empty or holds nothing but an earlier
+    output: a manifest this command wrote and the entries its "files" lists."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(out_dir))
+    except OSError as exc:
+        raise AutocastError(f"cannot read the output folder: {exc.strerror or exc}", str(out_dir), "check it") from None
+    if not names:
+        return
+    listed = _manifest_files(out_dir)
+    foreign = [name for name in names if name != MANIFEST and name not in listed]
+    if foreign:
+        shown = ", ".join(f"'{name}'" for name in foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if foreign[3:] else ""
+        )
+        raise AutocastError(
+            f"the output folder holds {shown}, which its {MANIFEST} does not list",
+            str(out_dir),
+            "move it away or choose a new -o folder; autocast-onnx replaces only its own earlier output",
+        )
+
+
+def _manifest_files(out_dir: Path) -> set:
+    """The names the manifest of an earlier output lists; refuses a folder without one, or whose
+    manifest this command did not write."""
+    manifest = out_dir / MANIFEST
+    if not manifest.is_file() or manifest.is_symlink():
+        raise AutocastError(
+            f"the output folder exists and holds files autocast-onnx did not write (no {MANIFEST})",
             str(out_dir),
             "choose a new or empty -o folder",
         )
-    if not out_dir.parent.is_dir():
-        raise AutocastError("the folder it would be created in does not exist", str(out_dir), "create it first")
-    return False
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        files = None
+    if not isinstance(files, dict):
+        raise AutocastError(
+            f'the output folder\'s {MANIFEST} is not one autocast-onnx wrote (no "files" table)',
+            str(out_dir),
+            "choose a new or empty -o folder",
+        )
+    return set(files)
 
 
 def convert_artifacts(in_dir, out_dir=None, *, check: str = "basic", loss_scale=None, **options) -> ArtifactsResult:
@@ -107,8 +168,10 @@ def convert_artifacts(in_dir, out_dir=None, *, check: str = "basic", loss_scale=
 def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult, head) -> None:
     """Write `out_dir` from the artifacts folder `in_dir`: `handle(source, target)` writes each
     of the two models and returns its manifest entry; every other file is copied. All or
-    nothing: staged in a temporary folder beside `out_dir`, renamed into place at the end."""
+    nothing: the input is checked whole first (symlinks, special files), then everything is
+    staged in a temporary folder beside `out_dir` and renamed into place at the end."""
     from .. import __version__
+    from ..io import _umask
 
     in_dir = Path(in_dir)
     if not is_artifacts_dir(in_dir):
@@ -117,20 +180,14 @@ def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult,
             str(in_dir),
             "pass the folder generate_artifacts wrote, or a model file",
         )
-    replace = _check_out_dir(in_dir, out_dir)
-    files: dict[str, dict] = {}
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    _check_out_dir(in_dir, out_dir)
+    entries = scan_folder(in_dir)
+    out_dir = _out_path(out_dir)
+    staging = None
     try:
-        for entry in sorted(in_dir.iterdir()):
-            target = staging / entry.name
-            if entry.name in (TRAINING_MODEL, EVAL_MODEL):
-                files[entry.name] = handle(entry, target)
-            elif entry.name == MANIFEST:
-                continue
-            else:
-                (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, target)
-                result.copied.append(entry.name)
-                files[entry.name] = {"action": "copied unchanged"}
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        os.chmod(staging, 0o777 & ~_umask())  # a plain mkdir's permissions (mkdtemp's are owner-only)
+        files = _stage(in_dir, staging, entries, handle, result)
         result.manifest = {
             "tool": f"autocast-onnx {__version__}",
             "source": str(in_dir),
@@ -138,14 +195,185 @@ def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult,
             "files": files,
         }
         (staging / MANIFEST).write_text(json.dumps(result.manifest, indent=1) + "\n", encoding="utf-8")
-        if replace:
-            shutil.rmtree(out_dir)
-        elif out_dir.is_dir():
-            out_dir.rmdir()  # empty
-        staging.rename(out_dir)
+        _swap_in(staging, out_dir)
+        staging = None
+    except OSError as exc:
+        raise AutocastError(
+            f"cannot write output: {exc.strerror or exc}", str(out_dir), "check free space and permissions"
+        ) from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage(in_dir: Path, staging: Path, entries: list, handle, result: ArtifactsResult) -> dict:
+    """Write the scanned entries into `staging`: the models first (by `handle`, with what it
+    writes beside them: their external data), then a copy of the rest, except what a model's
+    conversion wrote (the input's external data of that model is replaced, never copied over
+    it) and the input's own manifest. Returns the manifest's "files" table (top-level names)."""
+    files: dict[str, dict] = {}
+    for entry in entries:
+        if entry.kind == "model":
+            before = set(os.listdir(staging))
+            files[entry.rel] = handle(in_dir / entry.rel, staging / entry.rel)
+            for name in sorted(set(os.listdir(staging)) - before - {entry.rel}):
+                files[name] = {"action": f"written with {entry.rel} (its external data)"}
+    written = set(files) | {MANIFEST}
+    for entry in entries:
+        top = entry.rel.split("/", 1)[0]
+        if top in written:
+            continue
+        _copy_entry(in_dir, staging, entry)
+        if top == entry.rel:
+            result.copied.append(entry.rel)
+            files[entry.rel] = {"action": "copied unchanged"}
+    return dict(sorted(files.items()))
+
+
+def _out_path(out_dir: Path) -> Path:
+    """`out_dir` with its parent folders resolved (symlinks, '..') and its last name kept, so
+    that the staging folder and the renames happen beside the real folder."""
+    if out_dir.name in ("", ".", ".."):
+        return out_dir.resolve()
+    return out_dir.parent.resolve() / out_dir.name
+
+
+def _swap_in(staging: Path, out_dir: Path) -> None:
+    """Rename the staged folder to `out_dir`. A folder already there is renamed aside first and
+    deleted only once the new one is in place; if the rename in fails, it is renamed back."""
+    aside = None
+    if os.path.lexists(out_dir):
+        aside = staging.with_name(staging.name + ".old")  # unique: the staging name is
+        os.rename(out_dir, aside)
+    try:
+        os.rename(staging, out_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if aside is not None:
+            os.rename(aside, out_dir)
         raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class FolderEntry:
+    """One entry of an artifacts folder: `rel` its '/'-separated path in the folder, `kind`
+    "model" (converted), "file", "dir" or "link"; `link` a link's target, relative to the link."""
+
+    rel: str
+    kind: str
+    link: str = ""
+
+
+def scan_folder(in_dir: Path) -> list[FolderEntry]:
+    """Every entry of the artifacts folder, folders before what they hold, after refusing what
+    cannot be copied safely: a symlink whose target is outside the folder (the rule of external
+    data: nothing outside the input is read), a dangling symlink or a loop, and a FIFO, socket
+    or device (never opened: opening a FIFO waits for a writer). A symlink inside the folder is
+    kept as a symlink (to the same entry of the output, as a relative link); symlinked folders
+    are not walked into."""
+    root = in_dir.resolve()
+    entries: list[FolderEntry] = []
+    pending = [""]
+    while pending:
+        folder = pending.pop()
+        for name in _listing(in_dir / folder):
+            rel = f"{folder}/{name}" if folder else name
+            entry = _classify(in_dir, root, rel)
+            entries.append(entry)
+            if entry.kind == "dir":
+                pending.append(rel)
+    return entries
+
+
+def _listing(folder: Path) -> list[str]:
+    try:
+        return sorted(entry.name for entry in os.scandir(folder))
+    except OSError as exc:
+        raise AutocastError(f"cannot read: {exc.strerror or exc}", str(folder), "check its permissions") from None
+
+
+def _classify(in_dir: Path, root: Path, rel: str) -> FolderEntry:
+    """What the entry `rel` is, refusing a link out of the folder, a dangling one and a special file."""
+    path = in_dir / rel
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise AutocastError(f"cannot read: {exc.strerror or exc}", str(path), "check its permissions") from None
+    if stat.S_ISLNK(mode):
+        kind, link = "link", _link_target(root, rel, str(path))
+    elif stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        kind, link = "dir" if stat.S_ISDIR(mode) else "file", ""
+    else:
+        raise _special_file(mode, str(path))
+    return FolderEntry(rel, "model" if rel in (TRAINING_MODEL, EVAL_MODEL) else kind, link)
+
+
+def _link_target(root: Path, rel: str, where: str) -> str:
+    """The target of the symlink `rel` (under the resolved folder `root`) as a path relative to
+    the link's folder, after refusing one that leads nowhere or out of the folder."""
+    link = root / rel  # the folders above it are real folders: links are not walked into
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a loop (RuntimeError before Python 3.13)
+        raise AutocastError(
+            "symbolic link that leads nowhere (its target is missing, or the links form a loop)",
+            where,
+            "remove it, or point it at a file in the folder",
+        ) from None
+    if not target.is_relative_to(root):
+        raise AutocastError(
+            f"symbolic link to '{target}', outside the artifacts folder",
+            where,
+            "copy the file into the folder instead; refusing to read it",
+        )
+    return os.path.relpath(target, link.parent)
+
+
+def _special_file(mode: int, where: str) -> AutocastError:
+    kind = (
+        "a named pipe (FIFO)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a special file"
+    )
+    return AutocastError(
+        f"is {kind}, not a file or folder",
+        where,
+        "remove it from the artifacts folder; only files, folders and symlinks inside it are copied",
+    )
+
+
+def _copy_entry(in_dir: Path, staging: Path, entry: FolderEntry) -> None:
+    """Copy one scanned entry into the staging folder (a link as a link, a folder as a new folder)."""
+    target = staging / entry.rel
+    if entry.kind == "link":
+        os.symlink(entry.link, target)
+    elif entry.kind == "dir":
+        os.mkdir(target)
+    else:
+        _copy_file(in_dir / entry.rel, target)
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    """Copy a regular file with its permissions and times. Opened without following a symlink
+    and without blocking, then checked to be a regular file: an entry swapped for a link or a
+    FIFO since the scan is refused, never read through or waited on."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise AutocastError(f"cannot read: {exc.strerror or exc}", str(source), "check its permissions") from None
+    with open(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _special_file(st.st_mode, str(source))
+        with open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    os.chmod(target, stat.S_IMODE(st.st_mode))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _converted_entry(result) -> dict:
