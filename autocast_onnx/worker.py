@@ -14,8 +14,11 @@ walk.
 
 What the worker writes on its pipe, in order: the loader's message (a header of two int64: the
 encoding's size in the shared `encoding` buffer, or -1 when the walk failed, and the number of
-rows; then a row of three int64 per payload left in the file: ordinal, offset, length), then
-the screen's message (plan/screen.py), then nothing more: it exits.
+rows; then a row of four int64 per payload left in the file: ordinal, offset, length and the
+length of the tensor's name; then the names, back to back), then the screen's message
+(plan/screen.py), then nothing more: it exits. The loader checks each row against its parse of
+the encoding (io._left_in_file) and the screen each of its own against the loaded model
+(WeightScreen.results): a walk that disagrees with protobuf is never used.
 
 Forked only where it can pay: Linux, no other thread running (a fork copies only the calling
 thread), a model file of at least MIN_BYTES, and a process of at most MAX_PARENT_BYTES resident
@@ -36,7 +39,7 @@ from . import wire
 MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
 MAX_PARENT_BYTES = 256 * 2**20  # resident bytes of this process above which it does not fork
 HEADER_BYTES = 16  # the loader's message: encoding size, row count
-ROW_ITEMS = 3  # ordinal, offset, length
+ROW_ITEMS = 4  # ordinal, offset, length, name length
 
 
 class Worker:
@@ -112,8 +115,8 @@ def _run(path, buffer: mmap.mmap, encoding: mmap.mmap, fd: int) -> None:
         )
         rows = array("q", [size, len(chosen)])
         for init in chosen:
-            rows.extend((init.ordinal, init.raw[1], init.raw[2]))
-        write_all(fd, rows.tobytes())
+            rows.extend((init.ordinal, init.raw[1], init.raw[2], len(init.name)))
+        write_all(fd, rows.tobytes() + b"".join(init.name for init in chosen))
         del rows, chosen
         from .plan import screen  # numpy and onnx: imported here, after the walk
 

@@ -18,8 +18,12 @@ at least MIN_BYTES of model file, and a process of at most MAX_PARENT_BYTES resi
 command line's is ~15 MiB before its imports; a long-running process that holds more would pay
 a copy of each shared page it writes).
 Anything unexpected (the worker died, met an encoding it does not walk, named a tensor the
-loaded model does not have there, the file was replaced) makes `results()` return None, and
-classification screens the weights itself, as it does without a worker.
+loaded model does not have there, converted bytes that are not the payload the loaded model
+holds for that tensor, the file was replaced) makes `results()` return None, and classification
+screens the weights itself, as it does without a worker. The worker's walk is checked, not
+trusted: each tensor it converted must be, in the loaded model, the tensor of that name at that
+ordinal, fp32, with that payload: left in the file at the offset the worker read, or held in
+memory with the same bytes as the file there.
 
     screen = WeightScreen.start(path)       # before the model is loaded
     loaded = load_model(path, ..., prepared=screen.encoding)
@@ -82,7 +86,7 @@ class WeightScreen:
 
     def encoding(self) -> tuple[bytes, list, tuple] | None:
         """For the loader: the file's encoding with the main graph's large fp32 payloads left in
-        the file, the (ordinal, offset, length) of each of those payloads, and the file's
+        the file, the (ordinal, offset, length, name) of each of those payloads, and the file's
         identity (device, inode, size, mtime) when the worker walked it; None when the
         worker's walk failed or left nothing in the file (the loader then walks or parses the
         file itself). Waits for the worker's walk. Read at most once, before results()."""
@@ -98,7 +102,14 @@ class WeightScreen:
         if size <= 0 or count <= 0 or len(body) != 8 * worker.ROW_ITEMS * count or size > len(shared):
             return None
         flat = array("q", body).tolist()
-        rows = [tuple(flat[k : k + worker.ROW_ITEMS]) for k in range(0, len(flat), worker.ROW_ITEMS)]
+        names = _read_exact(self._handle.fd, sum(flat[3 :: worker.ROW_ITEMS]))
+        rows, at = [], 0
+        for k in range(0, len(flat), worker.ROW_ITEMS):
+            ordinal, offset, length, name_length = flat[k : k + worker.ROW_ITEMS]
+            rows.append((ordinal, offset, length, names[at : at + name_length]))
+            at += name_length
+        if at != len(names):
+            return None
         return shared[:size], rows, self._seen
 
     def results(self, model, names: list[str] | None = None) -> dict | None:
@@ -126,9 +137,13 @@ class WeightScreen:
         message = b"".join(chunks)
         if names is None:
             names = [t.name for t in model.graph.initializer]
-        out = _decode(message, names, buffer) if status == 0 and buffer is not None else None
-        if out is None or worker.identity(self._path) != self._seen:
+        decoded = _decode(message, names, buffer) if status == 0 and buffer is not None else None
+        if decoded is None or worker.identity(self._path) != self._seen:
             log.debug("weight screen: the worker failed (status %d), screening in process", status)
+            return None
+        out, places = decoded
+        if not _payloads_agree(model, places, self._path, self._seen):
+            log.debug("weight screen: the worker's walk disagrees with the loaded model, screening in process")
             return None
         return out
 
@@ -152,32 +167,92 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _decode(message: bytes, known: list[str], buffer: mmap.mmap) -> dict | None:
-    """The worker's message (rows of ordinal, elements, lost, name length; then the names) as
-    name -> (fp16 view, lost), or None when it does not fit the loaded model, whose initializers
-    are named `known` in order."""
+_ROW_ITEMS = 5  # the screen's message: ordinal, elements, lost, name length, payload offset
+
+
+def _decode(message: bytes, known: list[str], buffer: mmap.mmap) -> tuple[dict, list] | None:
+    """The worker's message (rows of ordinal, elements, lost, name length, payload offset; then
+    the names) as name -> (fp16 view, lost), with the (ordinal, offset, length) of each payload
+    the worker converted; None when it does not fit the loaded model, whose initializers are
+    named `known` in order."""
     if len(message) < 8:
         return None
     n = int.from_bytes(message[:8], "little")
-    end = 8 + 32 * n
+    end = 8 + 8 * _ROW_ITEMS * n
     if len(message) < end:
         return None
-    rows = np.frombuffer(message, dtype="<i8", count=4 * n, offset=8).reshape(n, 4).tolist()
+    rows = np.frombuffer(message, dtype="<i8", count=_ROW_ITEMS * n, offset=8).reshape(n, _ROW_ITEMS).tolist()
     names = message[end:]
     if sum(r[3] for r in rows) != len(names) or 2 * sum(r[1] for r in rows) > len(buffer):
         return None
     view = memoryview(buffer)
     out = {}
+    places = []
     offset = at = 0
-    for ordinal, count, lost, length in rows:
+    for ordinal, count, lost, length, start in rows:
         name = names[at : at + length].decode("utf-8", "replace")
         at += length
-        if ordinal >= len(known) or known[ordinal] != name:
+        if not 0 <= ordinal < len(known) or known[ordinal] != name or name in out:
             return None
         out[name] = (view[2 * offset : 2 * (offset + count)], bool(lost))
+        places.append((ordinal, start, 4 * count))
         offset += count
     view.release()  # the slices keep their own exports of the buffer
-    return out
+    return out, places
+
+
+def _payloads_agree(model, places: list, path, seen: tuple) -> bool:
+    """Whether each payload the worker converted, (ordinal, offset, length) in the file at
+    `path` (whose identity was `seen`), is the payload the loaded `model` holds for its
+    initializer at that ordinal: an fp32 tensor left in the file at that very offset and length
+    (io.load_model(leave_in_file=True)), or an fp32 raw_data of the same bytes as the file
+    there."""
+    inits = model.graph.initializer
+    count = len(inits)
+    location = os.path.basename(path)
+    in_memory = []
+    for ordinal, offset, length in places:
+        if not 0 <= ordinal < count:
+            return False
+        tensor = inits[ordinal]
+        if tensor.data_type != _FLOAT:
+            return False
+        if tensor.data_location == TensorProto.EXTERNAL:
+            entries = tensor.external_data  # as the loader wrote them: location, offset, length
+            if (
+                len(entries) != 3
+                or entries[1].value != str(offset)
+                or entries[2].value != str(length)
+                or entries[0].value != location
+                or tensor.HasField("raw_data")
+            ):
+                return False
+        else:
+            in_memory.append((ordinal, offset, length))
+    return not in_memory or _same_bytes(inits, in_memory, path, seen)
+
+
+def _same_bytes(inits, places: list, path, seen: tuple) -> bool:
+    """Whether each (ordinal, offset, length) of `places` names an initializer whose raw_data
+    is the bytes at that offset of the file at `path`, still the file whose identity was `seen`.
+    Read with pread, not mapped: the small tensors lie a page or more apart all over the file,
+    and each page mapped and read would count as this process's memory."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        if worker.stat_identity(os.fstat(fd)) != seen:
+            return False
+        for ordinal, offset, length in places:
+            raw = inits[ordinal].raw_data
+            if len(raw) != length or os.pread(fd, length, offset) != raw:
+                return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _work(data, buffer, fd: int, inits: list | None = None) -> None:
@@ -186,36 +261,36 @@ def _work(data, buffer, fd: int, inits: list | None = None) -> None:
     into `buffer` (in graph order, back to back), straight from the mapped file, a cache-sized
     group at a time, and write the message `_decode` reads to `fd`."""
     out = np.frombuffer(buffer, dtype="<f2", count=len(buffer) // 2)
-    rows: list[tuple[int, int, int, int]] = []
+    rows: list[tuple[int, int, int, int, int]] = []
     names: list[bytes] = []
-    group: list = []  # (ordinal, name, fp32 view) of the group being gathered
+    group: list = []  # (ordinal, name, fp32 view, offset) of the group being gathered
     gathered = 0
     offset = 0  # elements written so far
 
     def flush() -> None:
         nonlocal offset, gathered
-        flat = group[0][2] if len(group) == 1 else np.concatenate([view for _, _, view in group])
+        flat = group[0][2] if len(group) == 1 else np.concatenate([view for _, _, view, _ in group])
         half = out[offset : offset + flat.size]
         with np.errstate(over="ignore"):
             np.copyto(half, flat, casting="unsafe")
-        counts = [view.size for _, _, view in group]
+        counts = [view.size for _, _, view, _ in group]
         lost = np.zeros(len(group), dtype=bool)
         lost[np.unique(np.searchsorted(np.cumsum(counts), fp16_lost(flat, half), side="right"))] = True
-        for (ordinal, name, _), count, flag in zip(group, counts, lost.tolist()):
-            rows.append((ordinal, count, flag, len(name)))
+        for (ordinal, name, _, start), count, flag in zip(group, counts, lost.tolist()):
+            rows.append((ordinal, count, flag, len(name), start))
             names.append(name)
         offset += flat.size
         group.clear()
         gathered = 0
 
     for ordinal, name, start, length in _fp32_payloads(data, inits):
-        group.append((ordinal, name, np.frombuffer(data, dtype="<f4", count=length // 4, offset=start)))
+        group.append((ordinal, name, np.frombuffer(data, dtype="<f4", count=length // 4, offset=start), start))
         gathered += length
         if gathered >= _GROUP_BYTES:
             flush()
     if group:
         flush()
-    message = len(rows).to_bytes(8, "little") + np.asarray(rows, dtype="<i8").reshape(-1, 4).tobytes()
+    message = len(rows).to_bytes(8, "little") + np.asarray(rows, dtype="<i8").reshape(-1, _ROW_ITEMS).tobytes()
     message += b"".join(names)
     worker.write_all(fd, message)
     os.close(fd)
