@@ -12,16 +12,12 @@ every node alike."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from .catalog.loader import read_toml
 from .diagnostics import SEVERITIES
 from .errors import AutocastError
+from .patterns import shown
 
 VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
@@ -38,17 +34,16 @@ def find_config(start: Path | None = None) -> tuple[Path, bool] | None:
             return own, False
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
-            try:
-                data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-                raise AutocastError(f"invalid TOML: {exc}", str(pyproject), "fix the file") from None
-            if "autocast-onnx" in data.get("tool", {}):
+            _, data = read_toml(pyproject, str(pyproject), "configuration file")
+            tool = data.get("tool", {})
+            if isinstance(tool, dict) and "autocast-onnx" in tool:
                 return pyproject, True
     return None
 
 
 def load_settings(start: Path | None = None, config: Path | None = None) -> tuple[dict, str | None]:
-    """(settings, the file they came from). Keys are normalized to underscores."""
+    """(settings, the file they came from). Keys are normalized to underscores; every value is
+    checked (type and range), and a bad one is an AutocastError naming the key and the file."""
     found: tuple[Path, bool] | None
     if config is not None:
         config = Path(config)
@@ -60,65 +55,77 @@ def load_settings(start: Path | None = None, config: Path | None = None) -> tupl
     if found is None:
         return {}, None
     path, is_pyproject = found
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise AutocastError(f"invalid TOML: {exc}", str(path), "fix the file") from None
-    section = data.get("tool", {}).get("autocast-onnx", {}) if is_pyproject else data
-    where = f"{path} [tool.autocast-onnx]" if is_pyproject else str(path)
+    _, data = read_toml(path, str(path), "configuration file")
+    section = data
+    if is_pyproject:
+        tool = data.get("tool", {})
+        section = tool.get("autocast-onnx", {}) if isinstance(tool, dict) else tool
     if not isinstance(section, dict):
         raise AutocastError("[tool.autocast-onnx] must be a table", str(path), "fix the section")
+    where = f"{path} [tool.autocast-onnx]" if is_pyproject else str(path)
     settings = {}
     for key, value in section.items():
         norm = key.replace("-", "_")
         if norm not in ALL_KEYS:
             raise AutocastError(
-                f"unknown key '{key}'", where, "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS)
+                f"unknown key {shown(key)}", where, "allowed: " + ", ".join(k.replace("_", "-") for k in ALL_KEYS)
             )
-        if norm in VALIDATE_KEYS:
-            from .options import check_threshold
-
-            try:
-                check_threshold(norm, value, key, "fix the value")
-            except AutocastError as exc:
-                raise AutocastError(exc.what, where, "fix the value") from None
-            value = float(value)
-        elif norm == "precision":
-            if value not in ("fp16", "bf16"):
-                raise AutocastError(f"precision must be fp16 or bf16, not {value!r}", where, "fix the value")
-        elif norm == "keep_io_types":
-            if not isinstance(value, bool):
-                raise AutocastError(f"keep-io-types must be true or false, not {value!r}", where, "fix the value")
-        elif norm == "low_precision_io":
-            if not isinstance(value, str) or not value.strip():
-                raise AutocastError(
-                    "low-precision-io must be a regex string", where, "e.g. 'past_key_values\\..*|present\\..*'"
-                )
-        elif norm in ("select", "ignore", "rules", "exclude_op", "exclude_node", "include_node"):
-            if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-                raise AutocastError(
-                    f"{key} must be a list of non-empty strings",
-                    where,
-                    'e.g. ["AC1", "AC203"]' if norm in ("select", "ignore") else 'e.g. ["Softmax"]',
-                )
-            if norm == "rules":
-                value = [str(path.parent / v) for v in value]
-        elif norm == "fail_on":
-            if value not in SEVERITIES:
-                raise AutocastError(
-                    f"fail-on must be one of {', '.join(SEVERITIES)}, not {value!r}", where, "fix the value"
-                )
-        elif norm == "suppress":
-            if not isinstance(value, list) or not all(
-                isinstance(v, dict)
-                and set(v) <= {"code", "node"}
-                and isinstance(v.get("code"), str)
-                and isinstance(v.get("node", ".*"), str)
-                for v in value
-            ):
-                raise AutocastError(
-                    'suppress must be a list of { code = "AC...", node = "regex" } tables', where, "fix the entries"
-                )
-        settings[norm] = value
+        settings[norm] = _checked(norm, key, value, where, path)
     settings["_source"] = where
     return settings, str(path)
+
+
+LIST_EXAMPLES = {"select": '["AC1", "AC203"]', "ignore": '["AC1", "AC203"]', "rules": '["my_rules.toml"]'}
+
+
+def _checked(norm: str, key: str, value, where: str, path: Path):
+    """The value of setting `norm` (written `key`), checked; rule files made relative to the
+    configuration file's folder."""
+    if norm in VALIDATE_KEYS:
+        from .options import check_threshold
+
+        try:
+            check_threshold(norm, value, key, "fix the value")
+        except AutocastError as exc:
+            raise AutocastError(exc.what, where, "fix the value") from None
+        return float(value)
+    if norm in ("precision", "fail_on"):
+        choices = ("fp16", "bf16") if norm == "precision" else SEVERITIES
+        if not isinstance(value, str) or value not in choices:
+            allowed = "fp16 or bf16" if norm == "precision" else "one of " + ", ".join(choices)
+            raise AutocastError(f"{key} must be {allowed}, not {shown(value)}", where, "fix the value")
+    elif norm == "keep_io_types":
+        if not isinstance(value, bool):
+            raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")
+    elif norm == "low_precision_io":
+        if not isinstance(value, str) or not value.strip():
+            raise AutocastError(
+                f"{key} must be a regex string, not {shown(value)}", where, "e.g. 'past_key_values\\..*|present\\..*'"
+            )
+    elif norm == "suppress":
+        _check_suppress(key, value, where)
+    elif not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise AutocastError(
+            f"{key} must be a list of non-empty strings, not {shown(value)}",
+            where,
+            "e.g. " + LIST_EXAMPLES.get(norm, '["Softmax"]' if norm == "exclude_op" else '["^encoder/"]'),
+        )
+    elif norm == "rules":
+        return [str(path.parent / v) for v in value]
+    return value
+
+
+def _check_suppress(key: str, value, where: str) -> None:
+    ok = isinstance(value, list) and all(
+        isinstance(v, dict)
+        and set(v) <= {"code", "node"}
+        and isinstance(v.get("code"), str)
+        and isinstance(v.get("node", ".*"), str)
+        for v in value
+    )
+    if not ok:
+        raise AutocastError(
+            f'{key} must be a list of {{ code = "AC...", node = "regex" }} tables, not {shown(value)}',
+            where,
+            "fix the entries",
+        )

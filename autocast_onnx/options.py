@@ -20,17 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import AutocastError
+from .patterns import UserPattern, shown
 from .plan.vocab import Precision
 
 
-def compile_patterns(patterns, flag: str) -> list[re.Pattern]:
-    """Node-name regexes, compiled; a bad one is an AutocastError naming the flag."""
+def compile_patterns(patterns, flag: str) -> list[UserPattern]:
+    """Node- or tensor-name regexes, compiled for bounded matching (patterns.py); a bad one is an
+    AutocastError naming the flag, and so is one that later takes too long on a name."""
     out = []
     for pattern in patterns:
         try:
-            out.append(re.compile(pattern))
+            out.append(UserPattern(pattern, flag))
         except re.error as exc:
-            raise AutocastError(f"bad regex {pattern!r} for {flag}: {exc}", None, "fix the pattern") from None
+            raise AutocastError(f"bad regex {shown(pattern)} for {flag}: {exc}", None, "fix the pattern") from None
     return out
 
 
@@ -135,7 +137,7 @@ def check_threshold(key: str, value, flag: str, hint: str, label: str | None = N
         or not low <= value <= high
     ):
         bound = " >= 0" if high == math.inf else f" from {low:g} to {high:g}"
-        raise AutocastError(f"{label or flag} must be a finite number{bound}, not {value!r}", flag, hint)
+        raise AutocastError(f"{label or flag} must be a finite number{bound}, not {shown(value)}", flag, hint)
 
 
 def validate_options(settings: dict | None = None, **flags):

@@ -565,7 +565,7 @@ RULE_FILES = {
     "why_not_a_string": ("[ops.follow]\nRelu = 3\n", ("rules.toml:2", "Relu")),
     "unknown_category": ('[ops.sometimes]\nMatMul = "x"\n', ("rules.toml:1", "sometimes")),
     "bad_op_name": ('[ops.keep_fp32]\n"Mat Mul" = "x"\n', ("rules.toml:2", "Mat Mul")),
-    "ops_not_tables": ('[ops]\nkeep_fp32 = "x"\n', ("rules.toml:1", "keep_fp32")),
+    "ops_not_tables": ('[ops]\nkeep_fp32 = "x"\n', ("rules.toml:2", "keep_fp32")),
     "two_categories_by_domain": (
         '[ops.keep_fp32]\n"ai.onnx:MatMul" = "x"\n[ops.low_precision]\nMatMul = "y"\n',
         ("rules.toml:4", "two categories"),

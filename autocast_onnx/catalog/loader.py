@@ -28,6 +28,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from ..errors import AutocastError, InternalCheckError
+from ..patterns import UserPattern, compile_pattern, shown
+from .toml_lines import TomlLines
 
 CATEGORIES = ("low_precision", "follow", "keep_fp32", "clear", "non_float")
 TOP_KEYS = {"settings", "thresholds", "ops", "pins", "nodes"}
@@ -42,7 +44,7 @@ THRESHOLDS = {
 DEFAULT_THRESHOLDS = {"small_constant_elements": 64, "max_flush_fraction": 0.01, "calibration_headroom": 4.0}
 NODE_KEYS = {"match", "name", "precision", "why", "op_types"}
 PIN_KEYS = {"inputs", "outputs", "why"}
-OP_KEY = re.compile(r"^(?:(?P<domain>[A-Za-z_][\w.\-]*):)?(?P<op>[A-Za-z_]\w*)$")
+OP_KEY = re.compile(r"(?:(?P<domain>[A-Za-z_][\w.\-]*):)?(?P<op>[A-Za-z_]\w*)")  # fullmatch it
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class Pin:
 
 @dataclass(frozen=True)
 class NodeRule:
-    pattern: re.Pattern | None
+    pattern: UserPattern | None  # matched with a time bound (patterns.py)
     name: str | None
     precision: str  # "fp32" or "low"
     why: str
@@ -85,7 +87,7 @@ class NodeRule:
             return node_name == self.name
         if self.pattern is None:
             raise InternalCheckError("a node rule has neither 'name' nor 'match'")
-        return self.pattern.search(node_name) is not None
+        return self.pattern.search(node_name)
 
 
 @dataclass
@@ -129,36 +131,59 @@ def load_rules(user_files: Sequence[str | Path] = (), *, include_default: bool =
     return rules
 
 
-class _Lines:
-    """Maps (table, key) to the line that defines it, for messages and plan reasons."""
+def parse_toml(text: str, where: str) -> dict:
+    """The TOML document `text`, read by the standard parser. What it cannot read is bad input,
+    said in one line naming `where`: a syntax error (with its line), arrays or inline tables
+    nested deeper than the parser's recursion allows, a number too long to convert."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        at = re.search(r"line (\d+)", msg)
+        raise AutocastError(
+            f"invalid TOML: {msg}", f"{where}:{at.group(1)}" if at else where, "fix the syntax"
+        ) from None
+    except RecursionError:
+        raise AutocastError(
+            "invalid TOML: arrays or inline tables nested too deeply to read",
+            where,
+            "flatten the nesting; settings and rules need at most a few levels",
+        ) from None
+    except ValueError as exc:  # an integer of thousands of digits, beyond int()'s limit
+        raise AutocastError(
+            f"invalid TOML: a value cannot be read ({str(exc).split(':')[0]})", where, "fix the value"
+        ) from None
 
-    HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
-    KEY = re.compile(r'^\s*("(?:[^"\\]|\\.)*"|[A-Za-z0-9_.\-]+)\s*=')
 
-    def __init__(self, text: str):
-        self.keys: dict[tuple[str, str], list[int]] = {}
-        self.tables: dict[str, list[int]] = {}
-        table = ""
-        for lineno, line in enumerate(text.splitlines(), 1):
-            header = self.HEADER.match(line)
-            if header:
-                table = header.group(2).strip()
-                self.tables.setdefault(table, []).append(lineno)
-                continue
-            key = self.KEY.match(line)
-            if key:
-                name = key.group(1)
-                if name.startswith('"'):
-                    name = name[1:-1]
-                self.keys.setdefault((table, name), []).append(lineno)
+def read_toml(path: Path, where: str, kind: str) -> tuple[str, dict]:
+    """(text, data) of the TOML file `path` (a `kind` such as "rule file"), as parse_toml reads it;
+    a file that is not UTF-8 or cannot be read is bad input naming `where`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AutocastError(f"{kind} is not UTF-8 text", where, "save it as UTF-8 TOML") from None
+    except OSError as exc:
+        raise AutocastError(f"cannot read the {kind}: {exc.strerror or exc}", where, "check the file") from None
+    return text, parse_toml(text, where)
 
-    def key(self, table: str, name: str, nth: int = 0) -> int:
-        lines = self.keys.get((table, name), [])
-        return lines[nth] if len(lines) > nth else self.table(table)
 
-    def table(self, table: str, nth: int = 0) -> int:
-        lines = self.tables.get(table, [])
-        return lines[nth] if len(lines) > nth else 1
+class _File:
+    """One rule file being merged: its name for messages, its line map, and `fail`."""
+
+    def __init__(self, where: str, text: str):
+        self.where = where
+        self.lines = TomlLines(text)
+        self.user = where != "rules/default.toml"
+
+    def fail(self, what: str, line: int, hint: str) -> NoReturn:
+        raise AutocastError(what, f"{self.where}:{line}", hint)
+
+    def table(self, data: dict, name: str) -> dict:
+        """The top-level table `name` (empty when absent); anything else there is an error."""
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            self.fail(f"{name!r} must be a table", self.lines.key((), name), f"write [{name}]")
+        return value
 
 
 def _merge(rules: RuleSet, path: Path) -> None:
@@ -167,168 +192,170 @@ def _merge(rules: RuleSet, path: Path) -> None:
         raise AutocastError("is a directory, not a rule file", where, "pass a .toml rule file")
     if not path.is_file():
         raise AutocastError("rule file not found", where, "check the --rules path")
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = tomllib.loads(text)
-    except UnicodeDecodeError:
-        raise AutocastError("rule file is not UTF-8 text", where, "save it as UTF-8 TOML") from None
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        at = re.search(r"line (\d+)", msg)
-        raise AutocastError(
-            f"invalid TOML: {msg}", f"{where}:{at.group(1)}" if at else where, "fix the syntax"
-        ) from None
-    lines = _Lines(text)
+    text, data = read_toml(path, where, "rule file")
+    file = _File(where, text)
     rules.files.append(where)
-    user_file = where != "rules/default.toml"
-
-    def fail(what: str, line: int, hint: str) -> NoReturn:
-        raise AutocastError(what, f"{where}:{line}", hint)
-
     for key in data:
         if key not in TOP_KEYS:
-            fail(
-                f"unknown table or key '{key}'",
-                lines.key("", key) if ("", key) in lines.keys else lines.table(key),
-                f"allowed: {', '.join(sorted(TOP_KEYS))}",
+            file.fail(
+                f"unknown table or key {shown(key)}", file.lines.key((), key), f"allowed: {', '.join(sorted(TOP_KEYS))}"
             )
+    _merge_settings(rules, file, file.table(data, "settings"))
+    _merge_thresholds(rules, file, file.table(data, "thresholds"))
+    _merge_ops(rules, file, file.table(data, "ops"))
+    _merge_pins(rules, file, file.table(data, "pins"))
+    nodes = data.get("nodes", [])
+    if not isinstance(nodes, list):
+        file.fail(
+            "'nodes' must be an array of tables ([[nodes]])", file.lines.key((), "nodes"), "write [[nodes]] entries"
+        )
+    for i, entry in enumerate(nodes):
+        rules.node_rules.append(_node_rule(file, i, entry))
 
-    settings = data.get("settings", {})
-    _expect_table(settings, "settings", lines, where)
+
+def _merge_settings(rules: RuleSet, file: _File, settings: dict) -> None:
     for key, value in settings.items():
-        line = lines.key("settings", key)
+        line = file.lines.key(("settings",), key)
         if key not in SETTINGS_KEYS:
-            fail(f"unknown key 'settings.{key}'", line, f"allowed: {', '.join(sorted(SETTINGS_KEYS))}")
+            file.fail(f"unknown key {shown('settings.' + key)}", line, f"allowed: {', '.join(sorted(SETTINGS_KEYS))}")
+        choices = OUTPUT_HEAD if key == "output_head" else CATEGORIES
+        if not isinstance(value, str) or value not in choices:
+            file.fail(f"settings.{key} must be one of {', '.join(choices)}, not {shown(value)}", line, "pick one")
         if key == "output_head":
-            if value not in OUTPUT_HEAD:
-                fail(f"settings.output_head must be one of {', '.join(OUTPUT_HEAD)}, not {value!r}", line, "pick one")
-            rules.output_head = OpRule(value, "output-head setting", Source(where, line))
-            continue
-        if value not in CATEGORIES:
-            fail(f"settings.unknown_op must be one of {', '.join(CATEGORIES)}, not {value!r}", line, "pick a category")
-        rules.unknown_op = OpRule(value, "category of ops that no rule file names", Source(where, line))
+            rules.output_head = OpRule(value, "output-head setting", Source(file.where, line))
+        else:
+            rules.unknown_op = OpRule(value, "category of ops that no rule file names", Source(file.where, line))
 
-    thresholds = data.get("thresholds", {})
-    _expect_table(thresholds, "thresholds", lines, where)
+
+def _merge_thresholds(rules: RuleSet, file: _File, thresholds: dict) -> None:
     for key, value in thresholds.items():
-        line = lines.key("thresholds", key)
+        line = file.lines.key(("thresholds",), key)
         if key not in THRESHOLDS:
-            fail(f"unknown threshold '{key}'", line, f"allowed: {', '.join(sorted(THRESHOLDS))}")
+            file.fail(f"unknown threshold {shown(key)}", line, f"allowed: {', '.join(sorted(THRESHOLDS))}")
         kind, low, high = THRESHOLDS[key]
         ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
         if kind is int:
             ok_type = isinstance(value, int) and not isinstance(value, bool)
         if not ok_type or not (low <= value <= high):
-            fail(
-                f"threshold '{key}' must be {'an integer' if kind is int else 'a number'} in [{low}, {high}], "
-                f"not {value!r}",
+            file.fail(
+                f"threshold {key!r} must be {'an integer' if kind is int else 'a number'} in [{low}, {high}], "
+                f"not {shown(value)}",
                 line,
                 "fix the value",
             )
         rules.thresholds[key] = kind(value)
 
-    ops = data.get("ops", {})
-    _expect_table(ops, "ops", lines, where)
+
+def _merge_ops(rules: RuleSet, file: _File, ops: dict) -> None:
     seen: dict[tuple[str, str], tuple[str, int]] = {}
     for category, table in ops.items():
-        header = f"ops.{category}"
+        header = ("ops", category)
         if category not in CATEGORIES:
-            fail(f"unknown category '[{header}]'", lines.table(header), f"allowed: {', '.join(CATEGORIES)}")
+            file.fail(
+                f"unknown category {shown('[ops.' + category + ']')}",
+                file.lines.table(header),
+                f"allowed: {', '.join(CATEGORIES)}",
+            )
         if not isinstance(table, dict):
-            fail(f"'[{header}]' must be a table of OpType = \"why\" entries", lines.table(header), "fix the table")
+            file.fail(
+                f"'[ops.{category}]' must be a table of OpType = \"why\" entries",
+                file.lines.table(header),
+                "fix the table",
+            )
         for op_key, why in table.items():
-            line = lines.key(header, op_key)
-            match = OP_KEY.match(op_key)
-            if not match:
-                fail(f"'{op_key}' is not an op name (OpType or domain:OpType)", line, "fix the key")
+            line = file.lines.key(header, op_key)
+            ident = _op_ident(file, op_key, line, f"[ops.{category}]")
             if not isinstance(why, str):
-                fail(
-                    f"'{op_key}' must map to a string saying why, not {type(why).__name__}",
+                file.fail(
+                    f"{shown(op_key)} must map to a string saying why, not {type(why).__name__}",
                     line,
                     'write OpType = "reason"',
                 )
-            if user_file:
-                check_op_type(op_key, f"{where}:{line} [{header}]")
-            ident = (normalize_domain(match.group("domain") or ""), match.group("op"))
             if ident in seen:
                 other_cat, other_line = seen[ident]
-                fail(
-                    f"op '{op_key}' is in two categories: '{other_cat}' (line {other_line}) and '{category}'",
+                file.fail(
+                    f"op {shown(op_key)} is in two categories: '{other_cat}' (line {other_line}) and '{category}'",
                     line,
                     "keep it in one category",
                 )
             seen[ident] = (category, line)
-            rules.ops[ident] = OpRule(category, why, Source(where, line))
+            rules.ops[ident] = OpRule(category, why, Source(file.where, line))
 
-    pins = data.get("pins", {})
-    _expect_table(pins, "pins", lines, where)
+
+def _op_ident(file: _File, op_key: str, line: int, table: str) -> tuple[str, str]:
+    """(domain, op type) of a rule file's op key; a key that is no op name, or (in a user file) a
+    default-domain op type nothing knows, is an error at `line`."""
+    match = OP_KEY.fullmatch(op_key)
+    if not match:
+        file.fail(f"{shown(op_key)} is not an op name (OpType or domain:OpType)", line, "fix the key")
+    if file.user:
+        check_op_type(op_key, f"{file.where}:{line} {table}")
+    return normalize_domain(match.group("domain") or ""), match.group("op")
+
+
+def _merge_pins(rules: RuleSet, file: _File, pins: dict) -> None:
     for op_key, spec in pins.items():
-        line = lines.key("pins", op_key)
-        match = OP_KEY.match(op_key)
-        if not match:
-            fail(f"'{op_key}' is not an op name (OpType or domain:OpType)", line, "fix the key")
-        if user_file:
-            check_op_type(op_key, f"{where}:{line} [pins]")
+        line = file.lines.key(("pins",), op_key)
+        ident = _op_ident(file, op_key, line, "[pins]")
         if not isinstance(spec, dict):
-            fail(f"pin '{op_key}' must be a table like {{ inputs = [2], why = \"...\" }}", line, "fix the entry")
+            file.fail(
+                f'pin {shown(op_key)} must be a table like {{ inputs = [2], why = "..." }}', line, "fix the entry"
+            )
         for key in spec:
             if key not in PIN_KEYS:
-                fail(f"unknown key '{key}' in pin '{op_key}'", line, f"allowed: {', '.join(sorted(PIN_KEYS))}")
+                file.fail(
+                    f"unknown key {shown(key)} in pin {shown(op_key)}", line, f"allowed: {', '.join(sorted(PIN_KEYS))}"
+                )
         ports = {}
         for key in ("inputs", "outputs"):
             value = spec.get(key, [])
             if not isinstance(value, list) or not all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
             ):
-                fail(f"pin '{op_key}': '{key}' must be a list of port indices (integers >= 0)", line, "fix the list")
-            ports[key] = tuple(value)
-        ident = (normalize_domain(match.group("domain") or ""), match.group("op"))
-        rules.pins[ident] = Pin(ports["inputs"], ports["outputs"], str(spec.get("why", "")), Source(where, line))
-
-    nodes = data.get("nodes", [])
-    if not isinstance(nodes, list):
-        fail("'nodes' must be an array of tables ([[nodes]])", lines.key("", "nodes"), "write [[nodes]] entries")
-    for i, entry in enumerate(nodes):
-        line = lines.table("nodes", i)
-        if not isinstance(entry, dict):
-            fail("each [[nodes]] entry must be a table", line, "fix the entry")
-        for key in entry:
-            if key not in NODE_KEYS:
-                fail(
-                    f"unknown key '{key}' in [[nodes]]",
-                    lines.key("nodes", key, 0) if key else line,
-                    f"allowed: {', '.join(sorted(NODE_KEYS))}",
+                file.fail(
+                    f"pin {shown(op_key)}: {key!r} must be a list of port indices (integers >= 0)", line, "fix the list"
                 )
-        if ("match" in entry) == ("name" in entry):
-            fail("a [[nodes]] entry needs exactly one of 'match' (regex) or 'name' (exact)", line, "add one")
-        precision = entry.get("precision")
-        if precision not in ("fp32", "low"):
-            fail(f'[[nodes]] precision must be "fp32" or "low", not {precision!r}', line, "fix the value")
-        pattern = None
-        if "match" in entry:
-            if not isinstance(entry["match"], str):
-                fail("[[nodes]] match must be a string", line, "quote the regex")
-            try:
-                pattern = re.compile(entry["match"])
-            except re.error as exc:
-                fail(f"bad regex {entry['match']!r}: {exc}", line, "fix the pattern")
-        elif not isinstance(entry["name"], str):
-            fail("[[nodes]] name must be a string", line, "quote the name")
-        op_types = entry.get("op_types")
-        if op_types is not None and (not isinstance(op_types, list) or not all(isinstance(o, str) for o in op_types)):
-            fail("[[nodes]] op_types must be a list of op names", line, "fix the list")
-        for op_type in op_types or ():
-            check_op_type(op_type, f"{where}:{line} [[nodes]] op_types")
-        rules.node_rules.append(
-            NodeRule(
-                pattern,
-                entry.get("name"),
-                precision,
-                str(entry.get("why", "")),
-                frozenset(op_types) if op_types is not None else None,
-                Source(where, line),
+            ports[key] = tuple(value)
+        why = spec.get("why", "")
+        if not isinstance(why, str):
+            file.fail(f"pin {shown(op_key)}: 'why' must be a string, not {type(why).__name__}", line, "fix the entry")
+        rules.pins[ident] = Pin(ports["inputs"], ports["outputs"], why, Source(file.where, line))
+
+
+def _node_rule(file: _File, i: int, entry) -> NodeRule:
+    """The `i`-th [[nodes]] entry as a NodeRule, every key checked."""
+    line = file.lines.table(("nodes",), i)
+    if not isinstance(entry, dict):
+        file.fail("each [[nodes]] entry must be a table", line, "fix the entry")
+    for key in entry:
+        if key not in NODE_KEYS:
+            file.fail(
+                f"unknown key {shown(key)} in [[nodes]]",
+                file.lines.key(("nodes",), key, i),
+                f"allowed: {', '.join(sorted(NODE_KEYS))}",
             )
-        )
+    if ("match" in entry) == ("name" in entry):
+        file.fail("a [[nodes]] entry needs exactly one of 'match' (regex) or 'name' (exact)", line, "add one")
+    precision = entry.get("precision")
+    if precision not in ("fp32", "low"):
+        file.fail(f'[[nodes]] precision must be "fp32" or "low", not {shown(precision)}', line, "fix the value")
+    pattern = None
+    if "match" in entry:
+        if not isinstance(entry["match"], str):
+            file.fail("[[nodes]] match must be a string", line, "quote the regex")
+        pattern = compile_pattern(entry["match"], f"{file.where}:{line}")
+    elif not isinstance(entry["name"], str):
+        file.fail("[[nodes]] name must be a string", line, "quote the name")
+    why = entry.get("why", "")
+    if not isinstance(why, str):
+        file.fail(f"[[nodes]] why must be a string, not {type(why).__name__}", line, "fix the value")
+    op_types = entry.get("op_types")
+    if op_types is not None and (not isinstance(op_types, list) or not all(isinstance(o, str) for o in op_types)):
+        file.fail("[[nodes]] op_types must be a list of op names", line, "fix the list")
+    for op_type in op_types or ():
+        check_op_type(op_type, f"{file.where}:{line} [[nodes]] op_types")
+    frozen = frozenset(op_types) if op_types is not None else None
+    return NodeRule(pattern, entry.get("name"), precision, why, frozen, Source(file.where, line))
 
 
 @functools.cache
@@ -352,23 +379,22 @@ def known_op_types() -> frozenset[str]:
 
 
 def check_op_type(op_key: str, where: str | None) -> None:
-    """Refuse a default-domain op type that no schema, ONNX Runtime registration or rule knows,
-    with the nearest names; `domain:OpType` (a custom domain) is taken as written."""
-    match = OP_KEY.match(op_key)
-    if match is None or normalize_domain(match.group("domain") or "") != "":
+    """Refuse an op name that is not `OpType` or `domain:OpType` (an identifier), and a
+    default-domain op type that no schema, ONNX Runtime registration or rule knows, with the
+    nearest names; `domain:OpType` (a custom domain) is taken as written.
+
+        "Softmax" -> ok;  "Softmaxx", "Soft-max", "Softmax " -> AutocastError (did you mean Softmax?)"""
+    match = OP_KEY.fullmatch(op_key)
+    if match is not None and normalize_domain(match.group("domain") or "") != "":
         return
-    op = match.group("op")
-    if op in known_op_types():
+    op = match.group("op") if match is not None else op_key
+    if match is not None and op in known_op_types():
         return
-    near = difflib.get_close_matches(op, sorted(known_op_types()), n=3, cutoff=0.6)
+    near = difflib.get_close_matches(op.strip(), sorted(known_op_types()), n=3, cutoff=0.6) if len(op) < 100 else []
     hint = f"did you mean {' or '.join(near)}? " if near else "check the spelling; "
-    raise AutocastError(
-        f"op type '{op}' is in no ONNX schema and is no known runtime op",
-        where,
-        hint + "write a custom op as domain:OpType",
+    what = (
+        f"op type {shown(op)} is in no ONNX schema and is no known runtime op"
+        if match is not None
+        else f"{shown(op_key)} is not an op name (OpType or domain:OpType)"
     )
-
-
-def _expect_table(value, name: str, lines: _Lines, where: str) -> None:
-    if not isinstance(value, dict):
-        raise AutocastError(f"'{name}' must be a table", f"{where}:{lines.key('', name)}", f"write [{name}]")
+    raise AutocastError(what, where, hint + "write a custom op as domain:OpType")

@@ -12,7 +12,8 @@ import onnx
 
 from ..diagnostics import Diagnostic, at_least
 from ..errors import AutocastError
-from ..io import load_model
+from ..graph.sanity import load_checked
+from ..patterns import UserPattern
 from .catalog import load_checks
 from .checks import KINDS, LintContext
 
@@ -26,10 +27,17 @@ class Suppression:
     source: str  # where it was declared
     used: int = 0
 
+    # the node regex, compiled at first use for bounded matching (patterns.py); not copied by replace()
+    pattern: UserPattern | None = field(default=None, init=False, repr=False, compare=False)
+
     def matches(self, diag: Diagnostic) -> bool:
         if not _code_matches(diag.code, diag.name, self.code):
             return False
-        return diag.node is not None and re.search(self.node, diag.node) is not None
+        if diag.node is None:
+            return False
+        if self.pattern is None:
+            self.pattern = UserPattern(self.node, f"{self.source} suppression of {self.code!r}")
+        return self.pattern.search(diag.node)
 
 
 @dataclass(frozen=True)
@@ -119,13 +127,13 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     if isinstance(model, onnx.ModelProto):
         proto, path, base = model, None, None
     else:
-        loaded = load_model(model)
+        loaded = load_checked(model)
         proto, path, base = loaded.model, str(model), Path(model).parent
     ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=options.plan)
     checks = selected(load_checks(), options.select, options.ignore)
     for s in options.suppress:
         try:
-            re.compile(s.node)
+            UserPattern(s.node, s.source)
         except re.error as exc:
             raise AutocastError(f"bad regex {s.node!r} in a suppression: {exc}", s.source, "fix the pattern") from None
     # Fresh copies: use counts belong to this run, not to the caller's options.
