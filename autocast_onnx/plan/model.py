@@ -203,7 +203,8 @@ class PrecisionPlan:
     def find(self, node: str | None = None, op: str | None = None) -> list[NodePlan]:
         r"""The entries `explain` shows: of op type `op` (OpType or domain:OpType) when given, then
         those `node` names - an exact name, "#ID", or a regex (re.search) when it has regex
-        characters and names no node exactly. Raises re.error for a bad regex.
+        characters and names no node exactly. Raises re.error for a bad regex, AutocastError for
+        one that takes too long on a name (matching is time-bounded: autocast_onnx/patterns.py).
 
             find("/Where") -> the node named /Where;  find(r"layer\.1/.*Softmax");  find(op="Softmax")"""
         entries = self.nodes
@@ -217,7 +218,9 @@ class PrecisionPlan:
         exact = [e for e in entries if e.name == node]
         if exact or not looks_like_regex(node):
             return exact
-        pattern = re.compile(node)
+        from ..patterns import UserPattern
+
+        pattern = UserPattern(node, "explain NODE")
         return [e for e in entries if e.name and pattern.search(e.name)]
 
     def to_dict(self) -> dict:
@@ -260,6 +263,12 @@ class PrecisionPlan:
         except ValueError as exc:
             raise AutocastError(
                 f"not a plan file (invalid JSON: {exc})", where, "pass a file written by convert --plan-out"
+            ) from None
+        except RecursionError:
+            raise AutocastError(
+                "not a plan file (its JSON is nested too deeply to read)",
+                where,
+                "pass a file written by convert --plan-out",
             ) from None
         return cls.from_dict(data, where)
 

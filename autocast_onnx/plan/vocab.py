@@ -156,3 +156,50 @@ def required_type(role: str, node_type: int | None, value_dtype: int | None) -> 
     if role == "o":
         return value_dtype
     return None
+
+
+ROLE_WORDS: dict[str, str] = {
+    "p": "follows the node",
+    "f": "fp32",
+    "x": "never cast",
+    "u": "unknown type",
+    "a": "any type",
+    "o": "keeps its type",
+}
+"""A few words per PortRole code, for messages that name a role."""
+
+FITTING_ROLES: dict[str, str] = {
+    # an optional port left empty, or a tensor that is not float (int64, bool, string)
+    "absent": "x",
+    "not-float": "x",
+    # a tensor whose type is unknown: frozen (u), or never cast where a rule file pins the port or
+    # the node is not planned (non_float, control_flow)
+    "unknown": "ux",
+    # a float input or output of a control-flow node, or an author's Cast to fp16/bf16
+    "own": "o",
+    # a float Cast output to fp32: the author's way back, which follows the node
+    "cast-back": "p",
+    # an input whose type the op does not care about (Shape, Size, a Cast's input): any type
+    # will do, or fp32 where its schema admits fp32 but not the target
+    "any": "a",
+    "any-fp32": "f",
+    # a float port whose schema admits the target: it follows the node, or a rule file pins it
+    # fp32 (rule-file pins are not in the plan file, so replay accepts f at any such port)
+    "follow": "pf",
+    # the same where the schema admits the target but not fp32: a pin cannot hold
+    "follow-low-only": "p",
+    # a float port whose schema admits fp32 but not the target: fp32; p is accepted for a node
+    # that computes in fp32 (replay refuses it for a low one, naming the schema)
+    "fp32-only": "fp",
+    # a float port whose schema admits neither the target nor fp32
+    "no-type": "x",
+}
+"""Which PortRole codes a plan may give a port, by what the port is: exactly the roles
+classification can write there (with or without a rule-file pin). Any other role gives a model
+ONNX Runtime refuses: `x` or `a` at a float port of an fp16 node leaves that tensor in whatever
+type its producer gives, `o` keeps fp32 where the node's type parameter is fp16, and so on.
+
+Beyond one port: a port with role `f` and one with role `p` that share a schema type parameter
+(MatMul's A and B, Add's inputs and output) bind it to two types unless the node computes in fp32,
+so replay refuses that mix for a node in fp16, bf16 or unchanged (classification pins the whole
+group, as BatchNormalization's parameters before opset 15 show)."""
