@@ -4,8 +4,8 @@ If/Loop/Scan bodies (outer-scope references resolved lexically), a topological o
 scope, and the element type of every tensor (declared, or inferred from op signatures).
 
 Nothing here edits the model, except that subgraph tensors stored as external data are
-read in (checked like the main graph's), and a graph given out of order is noted so the
-writer can emit it sorted.
+read in (checked like the main graph's), as are sparse initializers', and a graph given out of
+order is noted so the writer can emit it sorted.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 NONTENSOR = -1  # sequences, maps, optionals: never converted
 GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling", "WhisperBeamSearch"}
 KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"}
+# Deepest body nesting (the main graph is level 0) whose bodies protobuf can still read back with
+# typed values: it stops at 100 message levels, each level of bodies takes three (NodeProto,
+# AttributeProto, GraphProto), and a typed output of a body at level 32 would sit at level 101.
+# A deeper model exists only in memory: it could be neither checked, saved and read back, nor run.
+MAX_NESTING = 31
 
 
 class Value:
@@ -89,6 +94,7 @@ class Scope:
     __slots__ = (
         "attr_name",
         "base_dir",
+        "depth",
         "graph",
         "id",
         "initializer_names",
@@ -100,6 +106,7 @@ class Scope:
         "parent",
         "path",
         "sorted",
+        "sparse",
         "typed",
         "value_info",
         "values",
@@ -113,8 +120,10 @@ class Scope:
         self.owner = owner
         self.attr_name = attr_name
         self.path = path
+        self.depth = 0 if parent is None else parent.depth + 1  # nesting level: main is 0
         self.values = {}
         self.initializer_names: list[str] = []  # of graph.initializer, in its order
+        self.sparse: dict[str, onnx.SparseTensorProto] = {}  # of graph.sparse_initializer, by name
         self.nodes = []
         self.inputs = []
         self.outputs = []
@@ -182,7 +191,7 @@ class GraphIndex:
     def _declare_values(self, scope: Scope) -> None:
         """Pass 1: graph inputs, initializers (an initializer named like an input is that input's
         default) and declared types from value_info and outputs."""
-        graph, values, path = scope.graph, scope.values, scope.path
+        graph, values = scope.graph, scope.values
         for vi in graph.input:
             value = Value(vi.name, scope, "input", _type_of(vi))
             values[vi.name] = value
@@ -203,20 +212,64 @@ class GraphIndex:
                     )
                 if scope.parent is not None or not self._main_checked:  # checked now, read when needed
                     external_location(init, self.base_dir, self.where, self._external_files)
-            existing = values.get(name)
-            if existing is not None and existing.kind == "input":
-                existing.initializer = init  # an input with a default value: stays an input
-                continue
-            if existing is not None:
-                raise AutocastError(
-                    f"initializer name '{name}' is defined twice in graph {path}", self.where, "rename one of them"
-                )
-            values[name] = Value(name, scope, "initializer", init.data_type, initializer=init)
+            self._declare_constant(scope, name, init)
+        for sparse in graph.sparse_initializer:
+            self._declare_sparse(scope, sparse)
         for vi in graph.value_info:
             scope.value_info[vi.name] = _type_of(vi)
         for vi in graph.output:
             if vi.name not in scope.value_info:
                 scope.value_info[vi.name] = _type_of(vi)
+
+    def _declare_constant(self, scope: Scope, name: str, tensor: TensorProto) -> None:
+        """The Value of an initializer (`tensor`), or the default of the graph input it is named
+        after (which stays an input)."""
+        existing = scope.values.get(name)
+        if existing is not None and existing.kind == "input":
+            existing.initializer = tensor
+            return
+        if existing is not None:
+            raise AutocastError(
+                f"initializer name '{name}' is defined twice in graph {scope.path}", self.where, "rename one of them"
+            )
+        scope.values[name] = Value(name, scope, "initializer", tensor.data_type, initializer=tensor)
+
+    def _declare_sparse(self, scope: Scope, sparse: onnx.SparseTensorProto) -> None:
+        """A sparse initializer is a constant like a dense one: its Value's `initializer` is the
+        tensor of its stored values (1-D, named after the sparse tensor), which the data rules
+        screen and the rewrite converts; scope.sparse keeps the SparseTensorProto, whose indices
+        and dims a converted copy shares. External data of its values or indices is checked like
+        an initializer's (inside the model's folder) and read in, since the writer carries over
+        the external data of dense initializers only.
+
+            sparse_initializer W (dims [4, 4], values [3] float, indices [3])  ->  Value W, float"""
+        values = sparse.values
+        name = values.name
+        if not name:
+            return  # nothing can read it
+        for tensor in (values, sparse.indices):
+            if tensor.data_location == TensorProto.EXTERNAL:
+                self._read_external(tensor, f"sparse initializer '{name}'")
+        try:
+            onnx.checker.check_sparse_tensor(sparse)  # indices in range and in order, shapes agree
+        except onnx.checker.ValidationError as exc:
+            raise AutocastError(
+                f"sparse initializer '{name}' is malformed: {str(exc).strip().splitlines()[0]}",
+                self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
+                "the graph is broken: re-export it",
+            ) from None
+        self._declare_constant(scope, name, values)
+        scope.sparse[name] = sparse
+
+    def _read_external(self, tensor: TensorProto, what: str) -> None:
+        """Read a tensor's external data into it, refusing locations outside the model's folder."""
+        from ..io import load_external_tensor
+
+        if self.base_dir is None:
+            raise AutocastError(
+                f"{what} uses external data but the model has no folder", self.where, "load the model from its file"
+            )
+        load_external_tensor(tensor, self.base_dir, self.where, self._external_files)
 
     def _walk_nodes(self, scope: Scope, protos: list, fields: list, resolve: bool) -> None:
         """Pass 2: a Node per NodeProto and a Value per output it defines. With `resolve` (a graph
@@ -341,15 +394,27 @@ class GraphIndex:
         return has_subgraphs
 
     def _build_subscopes(self, scope: Scope, node: Node) -> tuple[Scope, ...]:
+        """The scopes of `node`'s graph attributes. A body's path is its parent's path plus one
+        segment naming the node within the parent (not node.label, which holds the parent's path
+        again and would double the path at every level):
+
+            main/<If #2>.then_branch/<If #0>.else_branch,  main/loop.body/<Scan #3>.graphs[1]"""
         subs = []
+        segment = f"{scope.path}/{node.name or f'<{node.op} #{node.pos}>'}."
+        if scope.depth >= MAX_NESTING and any(a.type in _GRAPH_ATTRS for a in node.proto.attribute):
+            raise AutocastError(
+                f"subgraphs nest more than {MAX_NESTING} levels deep (a body of {node.op} node "
+                f"{node.name or f'#{node.pos}'} would be level {scope.depth + 1}); protobuf reads at most 100 "
+                "message levels, so such a model cannot be checked, saved and read back, or run",
+                self.where,
+                f"flatten the control flow (inline If branches, unroll loops) to at most {MAX_NESTING} levels",
+            )
         for attr in node.proto.attribute:
             if attr.type == AttributeProto.GRAPH:
-                subs.append(self._build_scope(attr.g, scope, node, attr.name, f"{scope.path}/{node.label}.{attr.name}"))
+                subs.append(self._build_scope(attr.g, scope, node, attr.name, segment + attr.name))
             elif attr.type == AttributeProto.GRAPHS:
                 for k, sub in enumerate(attr.graphs):
-                    subs.append(
-                        self._build_scope(sub, scope, node, attr.name, f"{scope.path}/{node.label}.{attr.name}[{k}]")
-                    )
+                    subs.append(self._build_scope(sub, scope, node, attr.name, f"{segment}{attr.name}[{k}]"))
         return tuple(subs)
 
     def _type_in_order(self, scope: Scope) -> None:
@@ -472,7 +537,7 @@ class GraphIndex:
         if len(order) != len(nodes):
             cycle = _find_cycle([node for node in nodes if indeg[node.pos] > 0], preds)
             raise AutocastError(
-                "the graph has a cycle: " + " -> ".join(n.label for n in cycle + cycle[:1]),
+                "the graph has a cycle: " + _cycle_text(cycle),
                 self.where + ("" if scope.parent is None else f" (subgraph {scope.path})"),
                 "ONNX graphs must be acyclic; re-export the model",
             )
@@ -556,8 +621,9 @@ class GraphIndex:
 
 
 def _find_cycle(stuck: list, preds) -> list:
-    """A cycle among the nodes Kahn's algorithm could not order, in graph order (at most 8 nodes
-    shown). Every such node has a predecessor that is also stuck, so walking predecessors from any
+    """A cycle among the nodes Kahn's algorithm could not order: each node produces an input of
+    the next, and the last one an input of the first, which is the cycle's node earliest in the
+    graph. Every such node has a predecessor that is also stuck, so walking predecessors from any
     of them must come back to a node already seen."""
     stuck_ids = {id(n) for n in stuck}
     path: list[Node] = []
@@ -569,7 +635,19 @@ def _find_cycle(stuck: list, preds) -> list:
         node = next(p for p in preds(node) if id(p) in stuck_ids)
     cycle = path[seen_at[id(node)] :]
     cycle.reverse()
-    return cycle[:8]
+    first = min(range(len(cycle)), key=lambda k: cycle[k].pos)
+    return cycle[first:] + cycle[:first]
+
+
+def _cycle_text(cycle: list, head: int = 4, tail: int = 3) -> str:
+    """The cycle as `a -> b -> c -> a`; a long one shows its first `head` and last `tail` nodes and
+    says how many are left out between them, so every arrow shown is an edge of the graph:
+
+        n0 -> n1 -> n2 -> n3 -> ... (39993 more) -> n39997 -> n39998 -> n39999 -> n0"""
+    if len(cycle) <= head + tail + 2:  # eliding fewer than three nodes saves nothing
+        return " -> ".join(n.label for n in cycle + cycle[:1])
+    shown = [n.label for n in cycle[:head]] + [f"... ({len(cycle) - head - tail} more)"]
+    return " -> ".join(shown + [n.label for n in cycle[-tail:] + cycle[:1]])
 
 
 def _type_of(value_info) -> int | None:
@@ -583,6 +661,7 @@ def _type_of(value_info) -> int | None:
 
 
 _FALLTHROUGH = object()
+_GRAPH_ATTRS = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
 
 
 def _attr(node: Node, name: str):
@@ -700,5 +779,8 @@ def build_index(
 ) -> GraphIndex:
     """Index `model`; raise AutocastError for broken graphs (cycles, dangling inputs, duplicates).
     External data locations are checked, except the main graph's where `main_checked` says that
-    the loader did so already (io.load_model)."""
-    return GraphIndex(model, where, base_dir, main_checked)
+    the loader did so already (io.load_model). Subgraphs nested too deeply to walk are bad input."""
+    try:
+        return GraphIndex(model, where, base_dir, main_checked)
+    except RecursionError:
+        raise AutocastError("the model nests subgraphs too deeply to be read", where, "re-export it") from None

@@ -416,9 +416,9 @@ def _original_type(node, roles_in, roles_out):
 def index_fingerprint(index: GraphIndex) -> str:
     """A digest of the model's structure that a plan belongs to: every node's graph, name, op
     type and domain, where each input comes from (a node and port, a graph input by position, or
-    an initializer by type and shape) and each tensor's element type. Tensor names are left
-    out, so re-exporting the same architecture gives the same fingerprint; weights are left out,
-    so retraining does too."""
+    an initializer by type and shape, a sparse one by its dense shape) and each tensor's element
+    type. Tensor names are left out, so re-exporting the same architecture gives the same
+    fingerprint; weights are left out, so retraining does too."""
     import hashlib
 
     digest = hashlib.blake2b(digest_size=16)
@@ -437,8 +437,10 @@ def index_fingerprint(index: GraphIndex) -> str:
                     sources.append(f"{value.producer.id}.{value.out_port}:{value.dtype}")
                 elif value.kind == "input" and id(value) in positions:
                     sources.append(f"in{positions[id(value)]}:{value.dtype}")
-                elif value.initializer is not None:
-                    sources.append(f"init{list(value.initializer.dims)}:{value.dtype}")
+                elif value.initializer is not None:  # a sparse one by its dense shape, not its count of values
+                    sparse = value.scope.sparse.get(value.name) if value.scope.sparse else None
+                    dims = (sparse if sparse is not None else value.initializer).dims
+                    sources.append(f"init{list(dims)}:{value.dtype}")
                 else:
                     sources.append(f"outer:{value.dtype}")
             outs = ",".join("-" if v is None else str(v.dtype) for v in node.outputs)

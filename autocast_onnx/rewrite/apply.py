@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, SparseTensorProto, TensorProto, helper, numpy_helper
 
 from ..dtypes import (
     BFLOAT16,
@@ -68,6 +68,8 @@ class _Edit:
     after: dict = field(default_factory=dict)  # node id -> new nodes placed after it
     new_inits: dict = field(default_factory=dict)  # scope id -> new initializers
     jobs: list = field(default_factory=list)  # initializer conversions, run in one batch
+    new_sparse: dict = field(default_factory=dict)  # scope id -> new sparse initializers
+    sparse_jobs: list = field(default_factory=list)  # conversions of sparse initializers' values
 
     def need(self, consumer, port: int, value) -> int | None:
         return required_type(self.plan.roles_in[consumer.id][port], self.node_type[consumer.id], value.dtype)
@@ -112,12 +114,16 @@ def apply_plan(
     _low_precision_inputs(edit)
     _insert_casts(edit)
     _run_conversions(edit.jobs, stats, spill, payloads, held)
+    _run_conversions(edit.sparse_jobs, stats, None, payloads)  # stored in their tensors, never spilled
     _retarget_attributes(edit)
     _declare_types(edit)
     for scope in index.scopes:
         extra = edit.new_inits.get(scope.id)
         if extra:
             scope.graph.initializer.extend(extra)
+        extra = edit.new_sparse.get(scope.id)
+        if extra:
+            scope.graph.sparse_initializer.extend(extra)
     stats.graphs_sorted = write_nodes(index, edit.head, edit.after)
     log.debug(
         "apply: %d casts, %d initializers converted, %d copies, %d attributes retargeted",
@@ -205,7 +211,14 @@ def _insert_casts(edit: _Edit) -> None:
             if not wanted and out_need is None:
                 continue
             if value.kind == "initializer":
-                if _plan_initializer(value, wanted, out_need, edit.names, edit.new_inits, plan, edit.jobs):
+                sparse = value.scope.sparse.get(value.name)
+                if sparse is None:
+                    planned = _plan_initializer(value, wanted, out_need, edit.names, edit.new_inits, plan, edit.jobs)
+                else:
+                    planned = _plan_initializer(
+                        value, wanted, out_need, edit.names, edit.new_sparse, plan, edit.sparse_jobs, sparse
+                    )
+                if planned:
                     new_type[value] = next(iter(wanted))
                 continue
             src_name = value.name
@@ -367,9 +380,11 @@ def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool, sta
     return out
 
 
-def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> bool:
+def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs, sparse=None) -> bool:
     """One converted copy per needed type; in place when nobody needs the original (returns
-    True then: the initializer itself changes type)."""
+    True then: the initializer itself changes type). For a sparse initializer (`sparse`, whose
+    values tensor is value.initializer) the values are converted, and a copy is a sparse
+    initializer with the same indices and dims."""
     tensor = value.initializer
     clamp = value.name in plan.clamp_initializers
     served = sum(len(users) for users in wanted.values())
@@ -379,14 +394,27 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs) -> 
         jobs.append((tensor, None, next(iter(wanted)), clamp, value.scope.base_dir))
         return True
     for need, users in wanted.items():
-        copy = TensorProto()
+        held, copy = _new_copy(sparse)
         copy.name = names.fresh(f"{value.name}_{dtype_name(need)}")
         copy.dims.extend(tensor.dims)
-        new_inits.setdefault(value.scope.id, []).append(copy)
+        new_inits.setdefault(value.scope.id, []).append(held)
         jobs.append((tensor, copy, need, clamp, value.scope.base_dir))
         for consumer, port in users:
             consumer.proto.input[port] = copy.name
     return False
+
+
+def _new_copy(sparse: SparseTensorProto | None) -> tuple:
+    """(what the graph will hold, the tensor the converted payload goes to) for one copy of an
+    initializer: the same TensorProto twice, or a SparseTensorProto sharing `sparse`'s indices
+    and dims, and its values tensor. The graph takes the holder once the payload is in."""
+    if sparse is None:
+        copy = TensorProto()
+        return copy, copy
+    holder = SparseTensorProto()
+    holder.indices.CopyFrom(sparse.indices)
+    holder.dims.extend(sparse.dims)
+    return holder, holder.values
 
 
 def _run_conversions(jobs, stats, spill=None, payloads=None, held=None) -> None:
