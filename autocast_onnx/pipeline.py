@@ -19,11 +19,13 @@ from .catalog.loader import check_op_type
 from .dtypes import FLOAT, dtype_name
 from .errors import AutocastError
 from .graph import build_index
+from .graph.sanity import blame_input, check_input, load_checked
 from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
     LoadedModel,
     PayloadSpill,
     Pieces,
+    check_model_path,
     check_output_path,
     check_outputs,
     is_stdout,
@@ -202,9 +204,10 @@ def convert(
     timings = {}
     t0 = time.perf_counter()
     if isinstance(model, (str, os.PathLike)):
-        loaded = load_model(model)
+        loaded = load_checked(model)
     else:
-        proto = onnx.ModelProto.FromString(model.SerializeToString()) if copy else model
+        proto = _copy_model(model) if copy else model
+        check_input(proto)
         loaded = LoadedModel(model=proto, path=None, file_bytes=0)
     timings["load"] = time.perf_counter() - t0
     return _convert_loaded(
@@ -224,6 +227,22 @@ def convert(
         strict=strict,
         low_precision_io=low_precision_io,
     )
+
+
+def _copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of an in-memory model, so that converting never edits the caller's. Protobuf copies
+    by encoding and reading back, which fails for a model that no file could hold (bodies nested
+    beyond its 100 message levels): bad input, said as such."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return onnx.ModelProto.FromString(model.SerializeToString())
+    except DecodeError as exc:
+        raise AutocastError(
+            f"protobuf cannot read the model back ({exc}): subgraphs nested too deep?",
+            "<model>",
+            "a model must be one that can be saved and loaded again; flatten deeply nested If/Loop bodies",
+        ) from None
 
 
 _PLANNING_FLAGS = {
@@ -541,8 +560,7 @@ def convert_file(
         plan = options["plan"]
         options["plan"] = plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         precision = plan.target.value
-    if not in_path.exists() or in_path.is_dir():
-        load_model(in_path)  # says what is wrong with it (not found, a directory)
+    check_model_path(in_path)  # not found, a directory, a device or FIFO: refused before anything reads it
     out_path = Path(out_path) if out_path else default_output_path(in_path, precision)
     check_outputs([("-o", out_path), ("--plan-out", plan_out)], [in_path], models=["-o"])
     check_output_path(out_path, in_path)
@@ -555,6 +573,10 @@ def convert_file(
     )
     try:
         return _convert_file(in_path, out_path, plan_out, external_data, search_log, screen, start, options)
+    except Exception as exc:
+        if not isinstance(exc, AutocastError):
+            blame_input(in_path)  # a malformed input is the input's fault (exit 2), not a bug
+        raise
     finally:
         if screen is not None:
             screen.close()
@@ -574,6 +596,9 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
             leave_in_file=screen is not None,
             prepared=screen.encoding if screen is not None else None,  # the worker's walk of the file
         )
+        # a malformed model: refused before any work (graph/sanity.py); onnx.checker's look at the
+        # nodes is the output check's, unless there is none (convert_file blames the input then)
+        check_input(loaded.model, str(in_path), in_path.parent, onnx_checker=options.get("check") == "none")
     timings = {"load": time.perf_counter() - t}
     _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
     check = options.pop("check", "basic")
@@ -773,7 +798,7 @@ def plan_on_data(
         return out
     plan_options = plan_options or _plan_options()
     validation = validation or ValidateOptions()
-    source = load_model(model).model
+    source = load_checked(model).model
     specs = describe_inputs(source)
     device, _ = runner.resolve_device(validation.device)
     goal = None

@@ -70,6 +70,15 @@ def mlp() -> onnx.ModelProto:
     return model
 
 
+def well_formed_mlp() -> onnx.ModelProto:
+    """mlp() without odd_dims, whose payload does not fit its dims: the loader reads such a
+    model (the tests above), a conversion refuses it as malformed (tests/test_malformed_models.py)."""
+    model = mlp()
+    odd = next(t for t in model.graph.initializer if t.name == "odd_dims")
+    model.graph.initializer.remove(odd)
+    return model
+
+
 def test_the_loader_leaves_large_plain_fp32_payloads_in_the_file(tmp_path):
     source = tmp_path / "mlp.onnx"
     onnx.save(mlp(), source)
@@ -125,7 +134,7 @@ def conversions(monkeypatch, tmp_path, source: Path, **options) -> tuple[tuple, 
 
 def test_a_conversion_from_payloads_left_in_the_file_writes_the_same_model(monkeypatch, tmp_path):
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     before = source.read_bytes()
     (left_bytes, left_plan, result), (whole_bytes, whole_plan, whole), left = conversions(
         monkeypatch, tmp_path, source, exclude_nodes=["fc2"]
@@ -137,7 +146,10 @@ def test_a_conversion_from_payloads_left_in_the_file_writes_the_same_model(monke
     assert (
         result.initializer_bytes_before
         == whole.initializer_bytes_before
-        == sum(len(t.raw_data) if t.HasField("raw_data") else 4 * len(t.float_data) for t in mlp().graph.initializer)
+        == sum(
+            len(t.raw_data) if t.HasField("raw_data") else 4 * len(t.float_data)
+            for t in well_formed_mlp().graph.initializer
+        )
     )
     stored = {t.name: t for t in onnx.load_from_string(left_bytes).graph.initializer}
     assert stored["w_converted"].data_type == TensorProto.FLOAT16
@@ -153,7 +165,7 @@ def test_a_conversion_from_payloads_left_in_the_file_writes_the_same_model(monke
 def test_every_weight_kept_or_converted_matches(monkeypatch, tmp_path, precision):
     """Both weights converted (no exclusion), and bf16 (no worker, so nothing is left)."""
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     (left_bytes, left_plan, _), (whole_bytes, whole_plan, _), left = conversions(
         monkeypatch, tmp_path, source, precision=precision
     )
@@ -163,7 +175,7 @@ def test_every_weight_kept_or_converted_matches(monkeypatch, tmp_path, precision
 
 def test_an_input_rewritten_during_the_conversion_is_refused(monkeypatch, tmp_path):
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
     convert = pipeline._convert_loaded
 
@@ -200,7 +212,7 @@ def linked_mlp(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "store").mkdir()
     (tmp_path / "here").mkdir()
     real = tmp_path / "store" / "mlp.onnx"
-    onnx.save(mlp(), real)
+    onnx.save(well_formed_mlp(), real)
     link = tmp_path / "here" / "mlp.onnx"
     link.symlink_to(real)
     return real, link

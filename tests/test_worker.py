@@ -15,7 +15,7 @@ import sys
 
 import onnx
 import pytest
-from test_left_in_file import linked_mlp, mlp
+from test_left_in_file import linked_mlp, mlp, well_formed_mlp  # conversions refuse mlp()'s odd_dims
 
 from autocast_onnx import io as io_module
 from autocast_onnx import pipeline, wire, worker
@@ -66,7 +66,7 @@ def test_the_workers_encoding_is_the_loaders_own(tmp_path):
     screen = WeightScreen.start(source, min_bytes=0)
     encoding, rows, seen = screen.encoding()
     assert encoding == b"".join(bytes(p) for p in wire.leaving_payloads(data, graph, chosen, "mlp.onnx"))
-    assert rows == [(init.ordinal, init.raw[1], init.raw[2]) for init in chosen]
+    assert rows == [(init.ordinal, init.raw[1], init.raw[2], init.name) for init in chosen]
     assert seen == worker.identity(source)
     with pytest.raises(Exception, match="read twice"):
         screen.encoding()
@@ -76,7 +76,7 @@ def test_the_workers_encoding_is_the_loaders_own(tmp_path):
 
 def test_an_early_worker_is_taken_over_and_the_file_is_walked_once(tmp_path, monkeypatch):
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     expected = without_worker(monkeypatch, source, tmp_path / "expected.onnx")
     worker.start_early(source)
     assert worker._early is not None
@@ -104,16 +104,16 @@ def test_an_early_worker_is_taken_over_and_the_file_is_walked_once(tmp_path, mon
 @pytest.mark.parametrize("case", ["another-file", "replaced-since"])
 def test_an_early_worker_for_another_or_a_changed_file_is_stopped(tmp_path, monkeypatch, case):
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     expected = without_worker(monkeypatch, source, tmp_path / "expected.onnx")
     other = tmp_path / "other.onnx"
-    onnx.save(mlp(), other)
+    onnx.save(well_formed_mlp(), other)
     worker.start_early(other if case == "another-file" else source)
     early = worker._early
     assert early is not None
     if case == "replaced-since":
         fresh = tmp_path / "fresh.onnx"
-        onnx.save(mlp(), fresh)
+        onnx.save(well_formed_mlp(), fresh)
         os.replace(fresh, source)  # the same model in another file: not the one the worker walked
     taken = []
     start = screen_module.WeightScreen.__init__
@@ -132,7 +132,7 @@ def test_an_early_worker_for_another_or_a_changed_file_is_stopped(tmp_path, monk
 
 def test_a_worker_whose_walk_fails_leaves_the_loader_to_walk(tmp_path, monkeypatch):
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     expected = without_worker(monkeypatch, source, tmp_path / "expected.onnx")
 
     def unwalked(*args, **kwargs):
@@ -160,7 +160,7 @@ def test_the_command_line_stops_an_early_worker_nothing_took_over(tmp_path, monk
     chooses bf16 (nothing to screen) and an input refused after the fork leave no worker behind;
     an fp16 conversion takes it over."""
     source = tmp_path / "mlp.onnx"
-    onnx.save(mlp(), source)
+    onnx.save(well_formed_mlp(), source)
     forked, stopped = [], []
     fork, stop = worker.fork, worker.stop
     monkeypatch.setattr(worker, "fork", lambda *a, **k: forked.append(fork(*a, **k)) or forked[-1])

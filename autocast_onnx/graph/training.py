@@ -84,8 +84,8 @@ def _is_gradient_op(node) -> bool:
 
 
 def _is_one(tensor) -> bool:
-    if tensor.data_type != onnx.TensorProto.FLOAT:
-        return False
+    if tensor.data_type != onnx.TensorProto.FLOAT or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False  # external data is read from the model's folder only, which is not known here
     values = numpy_helper.to_array(tensor)
     return values.size == 1 and bool(np.all(values == 1.0))
 

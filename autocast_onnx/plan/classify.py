@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from onnx import numpy_helper
 
 from ..catalog import RuleSet
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
@@ -708,8 +707,10 @@ def constant_array(value: Value):
     producer = value.producer
     if producer is not None and producer.op == "Constant" and producer.domain in ("", "ai.onnx"):
         for attr in producer.proto.attribute:
-            if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
+            if attr.name == "value":  # external data: read from the model's folder only (io.tensor_bytes)
+                what = f"tensor {attr.t.name!r} (node {producer.name!r}, attribute 'value')"
+                array = tensor_array(attr.t, value.scope.base_dir, what=what)
+                return bf16_bits_to_float(array) if attr.t.data_type == BFLOAT16 else array
             if attr.name == "value_float":
                 return np.array(attr.f, dtype=np.float32)
             if attr.name == "value_floats":

@@ -14,7 +14,7 @@ from .. import __version__
 from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
-from ..io import load_model
+from ..graph.sanity import load_checked
 from . import generation, runner
 from .emulate import emulation_model
 from .inputs import describe_inputs, generate, load_batches, plan_inputs
@@ -48,7 +48,7 @@ class ValidateOptions:
 def _load(model, label):
     if isinstance(model, onnx.ModelProto):
         return model, None, model.ByteSize()
-    loaded = load_model(model)
+    loaded = load_checked(model)
     size = loaded.file_bytes + sum(os.path.getsize(Path(model).parent / f) for f in loaded.external_files)
     return loaded.model, str(model), size
 
@@ -309,7 +309,7 @@ def precheck(model_path, options: ValidateOptions) -> None:
     only), --class-output names."""
     from .inputs import check_batches, check_generated_size
 
-    source = load_model(model_path, load_external=False).model
+    source = load_checked(model_path, load_external=False).model
     specs = describe_inputs(source)
     plan = plan_inputs(specs, options.dims, options.ranges)
     if options.inputs:

@@ -295,15 +295,15 @@ def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None,
     batch: the first batch of `inputs` (an .npz file or folder), else one generated from `dims`,
     `ranges` and `seed` as validate does. `plan` (a plan file or PrecisionPlan of REFERENCE) gives
     categories and reasons; without it they come from the default rules."""
-    from ..io import load_model
+    from ..graph.sanity import load_checked
     from ..pipeline import convert
     from ..plan import PrecisionPlan
     from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
 
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise AutocastError(f"--top must be a whole number >= 1, not {top!r}", "--top", "e.g. --top 10")
-    ref = load_model(reference).model
-    conv = load_model(converted).model
+    ref = load_checked(reference).model
+    conv = load_checked(converted).model
     specs = describe_inputs(ref)
     if inputs is not None:
         check_batches(inputs, specs)

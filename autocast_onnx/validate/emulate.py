@@ -152,13 +152,14 @@ def emulate_file(in_path, out_path=None) -> dict:
     what was written: {"output": path, "files": {name: low-precision tensors emulated}}."""
     from pathlib import Path
 
+    from ..graph.sanity import load_checked
     from ..io import check_outputs, load_model, save_model
     from ..training.artifacts import ArtifactsResult, is_artifacts_dir, process_folder
 
     in_path = Path(in_path)
 
     def one(source: Path, target: Path) -> dict:
-        loaded = load_model(source)
+        loaded = load_checked(source)
         emulated = low_precision_tensors(loaded.model, str(source))
         save_model(emulation_model(loaded.model, str(source)), target, external_data=loaded.external_data or None)
         return {"action": "emulated", "low_precision_tensors": emulated}

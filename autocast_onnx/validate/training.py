@@ -21,8 +21,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..errors import AutocastError
+from ..graph.sanity import load_checked
 from ..graph.training import ALL_FINITE_OUTPUT, LOSS_SCALE_INPUT, TrainingGraph, recognise
-from ..io import load_model
 
 # A step passes when every gradient is finite, points the same way as fp32's and keeps its entries.
 MIN_COSINE = 0.99
@@ -165,7 +165,7 @@ def validate_training_step(reference, converted, *, inputs=None, loss_scale: flo
 
     from .emulate import emulation_model
 
-    ref_loaded, conv_loaded = load_model(reference), load_model(converted)
+    ref_loaded, conv_loaded = load_checked(reference), load_checked(converted)
     ref_training, conv_training = recognise(ref_loaded.model), recognise(conv_loaded.model)
     for training, path in ((ref_training, reference), (conv_training, converted)):
         if training is None or not training.accumulations:
@@ -195,6 +195,9 @@ def validate_training_step(reference, converted, *, inputs=None, loss_scale: flo
     if isinstance(inputs, dict):
         batch = dict(inputs)
     elif inputs is not None:
+        from .inputs import check_archive_size
+
+        check_archive_size(inputs)  # before any array is inflated
         with np.load(inputs) as archive:
             batch = {k: archive[k] for k in archive.files}
     else:
