@@ -14,14 +14,19 @@ that are one file, an output that is an input, a missing folder, a directory...)
 
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import os
+import re
+import socket
 import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -76,18 +81,14 @@ def load_model(
     plan.screen.WeightScreen.encoding, the worker's walk of this file) gives that encoding, its
     payloads' places and the file's identity as the worker found it; from a None, or a file
     that is not the one the worker walked, the loader walks the file itself."""
-    path = Path(path)
+    path = check_model_path(path)
     where = str(path)
-    if not path.exists():
-        raise AutocastError("file not found", where, "check the path")
-    if path.is_dir():
-        raise AutocastError("is a directory, not an ONNX file", where, "pass the .onnx file inside it")
     model = onnx.ModelProto()
     try:
         size, left = _parse_file(path, model, leave_in_file and not load_external, prepared)
     except OSError as exc:
         raise AutocastError(f"cannot read file: {exc.strerror}", where, "check its permissions") from None
-    except (DecodeError, RuntimeError, ValueError):
+    except (DecodeError, RuntimeError, ValueError, RecursionError):
         raise AutocastError(
             "not an ONNX model (protobuf parse failed: truncated or corrupted?)",
             where,
@@ -109,6 +110,28 @@ def load_model(
     loaded.external_data = bool(files)
     loaded.external_files = sorted(files)
     return loaded
+
+
+def check_model_path(path: str | os.PathLike) -> Path:
+    """`path` as a Path, after refusing what cannot be a model file: a missing path, a directory,
+    and anything else that is not a regular file (a character device such as /dev/zero or
+    /dev/stdin, a FIFO, a socket), which could be read without end or only once. Looks at the
+    file's type only (os.stat): never opens it."""
+    path = Path(path)
+    where = str(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise AutocastError("file not found", where, "check the path") from None
+    if stat.S_ISDIR(mode):
+        raise AutocastError("is a directory, not an ONNX file", where, "pass the .onnx file inside it")
+    if not stat.S_ISREG(mode):
+        raise AutocastError(
+            f"is {_special_kind(mode)}, not a regular file",
+            where,
+            "save the model to a file and pass its path; models are not read from pipes or devices",
+        )
+    return path
 
 
 def _parse_file(
@@ -141,7 +164,8 @@ def _parse_leaving_payloads(
     """Parse `view` (the mapped file at `path`) into `model` with the main graph's large plain
     fp32 payloads left in the file, as external data at their own offsets (possibly none: each
     payload that does not fit its tensor's dims is put back); None, with nothing parsed, when the
-    file has no such payload or an encoding the walk does not follow. `prepared()` gives the
+    file has no such payload, an encoding the walk does not follow, or a walk the parse does not
+    bear out (_left_in_file): the caller then parses the file whole. `prepared()` gives the
     encoding and the payloads' places from the worker's walk of the same file (worker.py)."""
     # read first, whatever follows: the worker waits for it to be read before it goes on
     ready = prepared() if prepared is not None else None
@@ -153,9 +177,10 @@ def _parse_leaving_payloads(
         del ready
         try:
             model.ParseFromString(encoding)
-            return _left_in_file(view, path, model, st, rows)
-        except (DecodeError, RuntimeError, ValueError, IndexError):
-            model.Clear()  # not the file's encoding after all: walked here
+        except (DecodeError, RuntimeError, ValueError):
+            model.Clear()  # not an encoding of this file after all
+            return None
+        return _left_in_file(view, path, model, st, rows)
     try:
         graph = wire.main_graph(view)
         chosen = [init for init in wire.initializers(view, graph) if wire.may_leave_in_file(init)]
@@ -164,24 +189,68 @@ def _parse_leaving_payloads(
     if not chosen:
         return None
     parts = wire.leaving_payloads(view, graph, chosen, path.name)
-    model.ParseFromString(b"".join(parts))
+    try:
+        model.ParseFromString(b"".join(parts))
+    except (DecodeError, RuntimeError, ValueError):
+        model.Clear()  # the file itself may parse: the caller says what is wrong with it
+        return None
     del parts
-    return _left_in_file(view, path, model, st, [(init.ordinal, init.raw[1], init.raw[2]) for init in chosen])
+    rows = [(init.ordinal, init.raw[1], init.raw[2], init.name) for init in chosen]
+    return _left_in_file(view, path, model, st, rows)
 
 
-def _left_in_file(view: memoryview, path: Path, model: onnx.ModelProto, st, rows) -> PayloadsInFile:
+def _left_in_file(view: memoryview, path: Path, model: onnx.ModelProto, st, rows) -> PayloadsInFile | None:
     """The payloads left in the file at `path` (mapped as `view`): `rows` gives the ordinal of
-    each such initializer of the main graph, its payload's offset and its length. A payload that
-    does not fit its tensor's dims is put back into the tensor, as it was."""
+    each such initializer of the main graph, its payload's offset and length, and its name, as
+    the walk found them. A payload that does not fit its tensor's dims is put back into the
+    tensor, as it was. Each row is checked against the parse first (_walked_as): where the
+    tensor at that ordinal is not the one the walk wrote that payload's place into, `model` is
+    cleared and None returned, and the caller parses the file whole. A walk that numbered the
+    initializers otherwise than protobuf would otherwise read each tensor's weight from another
+    tensor's bytes, silently."""
     inits = model.graph.initializer
+    count = len(inits)
     left = []
-    for ordinal, raw_start, length in rows:
-        tensor = inits[ordinal]
+    for ordinal, raw_start, length, name in rows:
+        tensor = inits[ordinal] if 0 <= ordinal < count else None
+        if tensor is None or not _walked_as(tensor, name, path.name, raw_start, length):
+            model.Clear()
+            return None
         if 4 * math.prod(tensor.dims) != length:  # a payload that does not fit its dims stays as it was
             _restore(tensor, bytes(view[raw_start : raw_start + length]))
             continue
         left.append((ordinal, tensor, raw_start, length))
     return PayloadsInFile(path, left, stat_identity(st))
+
+
+_NO_DATA_BUT_RAW = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _walked_as(tensor: onnx.TensorProto, name: bytes, location: str, offset: int, length: int) -> bool:
+    """Whether `tensor`, as protobuf parsed the walk's encoding, is the initializer the walk left
+    in the file at `offset`, `length` (wire.leaving_payloads): named `name`, fp32, no payload of
+    its own, and exactly the external data the walk wrote into it (this file, that offset and
+    length), which no other tensor has."""
+    if (
+        tensor.data_location != onnx.TensorProto.EXTERNAL
+        or tensor.data_type != onnx.TensorProto.FLOAT
+        or tensor.HasField("raw_data")
+        or tensor.HasField("segment")
+    ):
+        return False
+    entries = tensor.external_data  # the walk wrote location, offset, length in this order
+    if (
+        len(entries) != 3
+        or entries[1].value != str(offset)
+        or entries[2].value != str(length)
+        or entries[0].value != location
+        or any(len(getattr(tensor, fld)) for fld in _NO_DATA_BUT_RAW)
+    ):
+        return False
+    try:
+        return tensor.name == name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
 
 
 class PayloadsInFile:
@@ -241,15 +310,15 @@ def _graph_tensors(graph: onnx.GraphProto):
 
 
 def external_location(
-    tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None
+    tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None, what: str | None = None
 ) -> tuple[Path, int, int, str]:
     """(file, offset, length, location) of an external tensor, after refusing locations outside
     `base_dir`, missing files and ranges beyond the file. Reads nothing. `files` (location ->
     (file, size), filled here) lets a caller that checks many tensors at once look at each file
-    once."""
+    once. `what` names the tensor in errors (default: as an initializer)."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
-    what = f"initializer '{tensor.name}'"
+    what = what or f"initializer {tensor.name!r}"
     if not location:
         raise AutocastError(f"{what} has external data without a location", where, "re-save the model")
     known = files.get(location) if files is not None else None
@@ -272,7 +341,7 @@ def external_location(
         )
     if offset + length > size:
         raise AutocastError(
-            f"{what}: external data range {offset}+{length} exceeds '{location}' ({size} bytes)",
+            f"{what}: external data range {offset}+{length} exceeds {location!r} ({size} bytes)",
             where,
             "the data file is truncated or belongs to another model",
         )
@@ -292,7 +361,7 @@ def _external_file(base_dir: Path, location: str, what: str, where: str) -> tupl
         target = (base / loc).resolve()
         if loc.is_absolute() or ".." in loc.parts or not target.is_relative_to(base):
             raise AutocastError(
-                f"{what}: external data location '{location}' is outside the model's folder",
+                f"{what}: external data location {location!r} is outside the model's folder",
                 where,
                 "external data must sit beside the model; refusing to read it",
             )
@@ -305,7 +374,7 @@ def _external_file(base_dir: Path, location: str, what: str, where: str) -> tupl
         st = None
     if st is None or not stat.S_ISREG(st.st_mode):
         raise AutocastError(
-            f"{what}: external data file '{location}' is missing", where, "copy the data file next to the model"
+            f"{what}: external data file {location!r} is missing", where, "copy the data file next to the model"
         )
     return target, st.st_size
 
@@ -313,51 +382,97 @@ def _external_file(base_dir: Path, location: str, what: str, where: str) -> tupl
 _LOCATED: dict[tuple[str, str], Path] = {}  # (folder, location) -> the file, checked to be inside the folder
 
 
-def read_external(tensor: onnx.TensorProto, base_dir: Path, where: str = "<model>", files: dict | None = None) -> bytes:
-    target, offset, length, _ = external_location(tensor, base_dir, where, files)
+def read_external(
+    tensor: onnx.TensorProto, base_dir: Path, where: str = "<model>", files: dict | None = None, what: str | None = None
+) -> bytes:
+    """The external bytes of one tensor, after external_location's checks (the folder rule)."""
+    target, offset, length, _ = external_location(tensor, base_dir, where, files, what)
     with open(target, "rb") as fh:
         fh.seek(offset)
         return fh.read(length)
 
 
-def load_external_tensor(tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None) -> None:
+def load_external_tensor(
+    tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None, what: str | None = None
+) -> None:
     """Read one tensor's external bytes into raw_data, refusing locations outside `base_dir`."""
-    _restore(tensor, read_external(tensor, base_dir, where, files))
+    _restore(tensor, read_external(tensor, base_dir, where, files, what))
+
+
+def load_external_data(loaded: LoadedModel) -> None:
+    """Read the main graph's external data into memory, as load_model(load_external=True) does,
+    for a caller that loaded with load_external=False to check the model first (graph/sanity.py)."""
+    if loaded.path is None:
+        return
+    files: dict = {}
+    left = loaded.left_in_file.ordinals if loaded.left_in_file is not None else frozenset()
+    for ordinal, tensor in enumerate(loaded.model.graph.initializer):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and ordinal not in left:
+            load_external_tensor(tensor, loaded.path.parent, str(loaded.path), files)
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
-def tensor_bytes(tensor: onnx.TensorProto, base_dir: Path | None) -> bytes:
-    """The little-endian payload of a tensor, wherever it is stored (one tensor in memory)."""
+def tensor_bytes(
+    tensor: onnx.TensorProto, base_dir: Path | None, where: str = "<model>", what: str | None = None
+) -> bytes:
+    """The little-endian payload of a tensor, wherever it is stored (one tensor in memory).
+    External data is read only from inside `base_dir`, the model's folder (external_location),
+    never relative to the current folder. `what` names the tensor in errors (default: as an
+    initializer)."""
+    what = what or f"initializer {tensor.name!r}"
     if is_external(tensor):
         if base_dir is None:
             raise AutocastError(
-                f"initializer '{tensor.name}' uses external data but the model has no folder",
-                None,
-                "load the model from its file",
+                f"{what} uses external data but the model has no folder", None, "load the model from its file"
             )
-        return read_external(tensor, base_dir)
+        return read_external(tensor, base_dir, where, what=what)
     if tensor.HasField("raw_data"):
-        return tensor.raw_data
-    if tensor.data_type == onnx.TensorProto.BFLOAT16:
-        return np.asarray(tensor.int32_data, dtype="<u2").tobytes()
-    return numpy_helper.to_array(tensor).tobytes()
-
-
-def tensor_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
-    """The tensor as an array (bf16 as its raw uint16 bits), reading external data if needed."""
-    if not is_external(tensor):
+        raw = tensor.raw_data
+        itemsize = ITEMSIZE.get(tensor.data_type)
+        if itemsize is not None and len(raw) != itemsize * math.prod(tensor.dims):
+            raise _malformed(what, where, ValueError(f"raw_data holds {len(raw)} bytes for dims {list(tensor.dims)}"))
+        return raw
+    try:
         if tensor.data_type == onnx.TensorProto.BFLOAT16:
-            return np.frombuffer(tensor_bytes(tensor, None), dtype="<u2").reshape(tuple(tensor.dims))
-        return numpy_helper.to_array(tensor)
-    dtype: str | np.dtype = (
-        "<u2"
-        if tensor.data_type == onnx.TensorProto.BFLOAT16
-        else np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+            return np.asarray(tensor.int32_data, dtype="<u2").tobytes()
+        return numpy_helper.to_array(tensor).tobytes()
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _malformed(what, where, exc) from None
+
+
+def tensor_array(
+    tensor: onnx.TensorProto, base_dir: Path | None, where: str = "<model>", what: str | None = None
+) -> np.ndarray:
+    """The tensor as an array (bf16 as its raw uint16 bits), reading external data if needed
+    (from inside `base_dir` only, see tensor_bytes). A payload that does not fit the tensor's
+    dims and data type is bad input (AutocastError), not an exception from numpy."""
+    what = what or f"initializer {tensor.name!r}"
+    try:
+        if not is_external(tensor):
+            if tensor.data_type == onnx.TensorProto.BFLOAT16:
+                raw = tensor_bytes(tensor, None, where, what)
+                return np.frombuffer(raw, dtype="<u2").reshape(tuple(tensor.dims))
+            return numpy_helper.to_array(tensor)
+        dtype: str | np.dtype = (
+            "<u2"
+            if tensor.data_type == onnx.TensorProto.BFLOAT16
+            else np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+        )
+        return np.frombuffer(tensor_bytes(tensor, base_dir, where, what), dtype=dtype).reshape(tuple(tensor.dims))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _malformed(what, where, exc) from None
+
+
+def _malformed(what: str, where: str, exc: Exception) -> AutocastError:
+    detail = " ".join(str(exc).split())[:120]
+    return AutocastError(
+        f"{what}: its data does not fit its dims and data type ({type(exc).__name__}: {detail})",
+        where,
+        "fix the model or re-export it",
     )
-    return np.frombuffer(tensor_bytes(tensor, base_dir), dtype=dtype).reshape(tuple(tensor.dims))
 
 
 def all_graphs(graph: onnx.GraphProto):
@@ -454,6 +569,79 @@ def goes_to_stdout(path) -> bool:
     return _stdout_is(Path(path)) and not _is_null_device(Path(path))
 
 
+_SEPARATORS = tuple(sep for sep in {"/", os.sep, os.altsep} if sep)
+# the outputs given as 'NAME/' on the command line (Path drops the separator): see spelled_as_folders
+_FOLDER_SPELLINGS: ContextVar[frozenset[Path]] = ContextVar("folder_spellings", default=frozenset())
+
+
+@contextmanager
+def spelled_as_folders(paths: Iterable) -> Iterator[None]:
+    """While inside, the output checks read each of `paths` as a folder: the CLI passes the
+    paths the user spelled with a trailing separator ('out/'), which a Path no longer shows."""
+    token = _FOLDER_SPELLINGS.set(frozenset(Path(p) for p in paths))
+    try:
+        yield
+    finally:
+        _FOLDER_SPELLINGS.reset(token)
+
+
+def names_folder(path) -> bool:
+    """True for a path that names a folder by its spelling: a string ending in a separator
+    ('out/'), or a path the command line gave that way (spelled_as_folders)."""
+    if isinstance(path, str):
+        return path.endswith(_SEPARATORS) and not is_stdout(path)
+    return path is not None and Path(path) in _FOLDER_SPELLINGS.get()
+
+
+def _refuse_folder_spelling(flag: str, path) -> None:
+    """A file output spelled as a folder ('out/') is refused, never written as a file named 'out'
+    (nor into the folder): the command cannot tell which file name was meant."""
+    shown = os.path.join(os.fspath(path).rstrip("".join(_SEPARATORS)) or os.sep, "")
+    if os.path.isdir(path):
+        raise AutocastError("output path is a folder", shown, f"give {flag} a file name")
+    if os.path.lexists(path):
+        raise AutocastError(
+            "output path ends in a separator but is not a folder",
+            shown,
+            f"give {flag} the file name without the trailing separator",
+        )
+    raise AutocastError(
+        "output folder does not exist (the path ends in a separator)",
+        shown,
+        f"create the folder and give {flag} a file name inside it",
+    )
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def check_data_file(path: Path) -> None:
+    """Refuse an existing external-data path (OUT.onnx.data) that is not a regular file: the
+    model's data is read back at offsets, so it must be a regular file; a FIFO, device, folder
+    or socket there is never replaced nor written into."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # not there (or a dangling link, replaced as a link would be)
+        return
+    if not stat.S_ISREG(mode):
+        raise AutocastError(
+            f"the model's external data file exists and is {_special_kind(mode)}",
+            str(path),
+            "external data must be a regular file: remove it, or choose another -o",
+        )
+
+
 def _protected_files(inputs, model_inputs, outputs) -> list[tuple[Path, str]]:
     """(file, why) for every file a command reads: the inputs, the files inside input folders,
     and the external data files of the input models that lie where an output is written."""
@@ -503,8 +691,9 @@ def check_outputs(
     Refused, with one AutocastError line each: two outputs that are the same file (compared by
     resolved path, and with os.path.samefile for existing files, so symlinks and hard links
     count; several outputs on the null device are allowed), two outputs on stdout, an output that
-    is an input, an output in a folder that does not exist, and a directory, block device or
-    socket given as an output."""
+    is an input, an output in a folder that does not exist, an output spelled as a folder
+    ('out/', see names_folder), a directory, block device or socket given as an output, and an
+    existing NAME.data beside a model that is not a regular file."""
     # (flag, path or STDOUT, model flag of a data file)
     entries: list[tuple[str, Path | Literal["-"], str | None]] = []
     for flag, path in outputs:
@@ -519,6 +708,8 @@ def check_outputs(
                 )
             entries.append((flag, STDOUT, None))
             continue
+        if names_folder(path):
+            _refuse_folder_spelling(flag, path)
         path = Path(path)
         kind = output_kind(path)
         if kind == "file":
@@ -533,7 +724,9 @@ def check_outputs(
             )
         entries.append((flag, path, None))
         if flag in models and kind == "file":
-            entries.append((flag, path.with_name(path.name + ".data"), flag))
+            data = path.with_name(path.name + ".data")
+            check_data_file(data)
+            entries.append((flag, data, flag))
 
     protected = _protected_files(inputs, model_inputs, [path for _, path, _ in entries if path != STDOUT])
     for flag, path, data_of in entries:
@@ -584,7 +777,7 @@ def check_outputs(
                 raise AutocastError(what, str(path), "give each output its own path")
 
 
-def check_output_path(out_path: Path, in_path: Path | None) -> None:
+def check_output_path(out_path: str | os.PathLike, in_path: Path | None) -> None:
     """Refuse to write a model over the input, to stdout, or into a folder that cannot take it."""
     if is_stdout(out_path):
         raise AutocastError(
@@ -592,6 +785,9 @@ def check_output_path(out_path: Path, in_path: Path | None) -> None:
             "-o",
             "give a file path; a model is binary and may need a data file beside it",
         )
+    if names_folder(out_path):
+        _refuse_folder_spelling("-o", out_path)
+    out_path = Path(out_path)
     if in_path is not None:
         same = out_path.resolve() == in_path.resolve()
         if not same and out_path.exists():
@@ -733,9 +929,13 @@ def save_model(
     over every node). `verify(payload)` (a model in one piece) is called on the serialized bytes
     while a thread writes them to the temporary (or, for Pieces, written here first, while the
     thread syncs them to disk), which is renamed into place only after both: if it raises,
-    nothing is written. Returns the files created (none for a FIFO or device)."""
-    out_path = Path(out_path)
+    nothing is written. An external-data save that puts no tensor in `<name>.data` (all under
+    EXTERNAL_MIN_BYTES) writes the model in one piece; a save without a data file removes a
+    regular `<name>.data` an earlier save left beside it (it belongs to no model any more). An
+    existing `<name>.data` that is not a regular file is refused. Returns the files created
+    (none for a FIFO or device)."""
     check_output_path(out_path, in_path)
+    out_path = Path(out_path)
     in_place = output_kind(out_path) == "stream"
     if external_data is None:
         external_data = (len(payload) if payload is not None else model.ByteSize()) > PROTOBUF_LIMIT - 64 * 2**20
@@ -746,77 +946,37 @@ def save_model(
             "write the model to a regular file, or pass --no-external-data (models under 2 GB)",
         )
     parent = out_path.parent if str(out_path.parent) else Path(".")
+    data_name = out_path.name + ".data"
+    if not in_place:
+        check_data_file(parent / data_name)
     temps: list[Path] = []
     moved: list[tuple[onnx.TensorProto, bytes]] = []
+    sources: set[Path] = set()  # the input's data files this save reads
     try:
         finals = []
         if spill is not None and not external_data:
             raise InternalCheckError("converted payloads were spilled to external data, but the save is in one piece")
         if external_data:
-            data_name = out_path.name + ".data"
             if spill is not None:
-                data_tmp, offset = spill.path, spill.offset
-                fh = spill.fh
+                data_tmp, fh = spill.path, spill.fh
             else:
-                data_tmp, offset = _temp_path(parent, data_name), 0
+                data_tmp = _temp_path(parent, data_name)
                 fh = open(data_tmp, "wb")
             temps.append(data_tmp)
             with fh:
-                for tensor in _all_tensors_for_external(model.graph):
-                    if spill is not None and spill.holds(tensor):  # written during the conversion
-                        for entry in tensor.external_data:
-                            if entry.key == "location":
-                                entry.value = data_name
-                        continue
-                    if is_external(tensor):
-                        # still on disk in the source: copy it across in chunks, never whole
-                        if source_dir is None:
-                            raise _no_source_dir(tensor)
-                        source, src_offset, length, _ = external_location(tensor, source_dir, str(in_path))
-                        pad = (-offset) % 64
-                        fh.write(b"\0" * pad)
-                        offset += pad
-                        _copy_range(source, src_offset, length, fh)
-                        if restore:
-                            moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
-                        _set_external(tensor, data_name, offset, length)
-                        offset += length
-                        continue
-                    raw = tensor.raw_data if tensor.HasField("raw_data") else None
-                    if raw is None:
-                        if tensor.data_type == onnx.TensorProto.STRING:
-                            continue
-                        arr = numpy_helper.to_array(tensor)
-                        if arr.nbytes < EXTERNAL_MIN_BYTES:
-                            continue
-                        raw = arr.tobytes()
-                    if len(raw) < EXTERNAL_MIN_BYTES:
-                        continue
-                    pad = (-offset) % 64
-                    fh.write(b"\0" * pad)
-                    offset += pad
-                    fh.write(raw)
-                    if restore:
-                        moved.append(
-                            (
-                                tensor,
-                                onnx.TensorProto.FromString(tensor.SerializeToString())
-                                if not tensor.HasField("raw_data")
-                                else raw,
-                            )
-                        )
-                    size = len(raw)
-                    del raw
-                    _set_external(tensor, data_name, offset, size)
-                    offset += size
+                placed = _fill_data_file(
+                    fh, model, data_name, spill, source_dir, in_path, moved if restore else None, sources
+                )
                 fh.flush()
                 os.fsync(fh.fileno())
-            finals.append((data_tmp, parent / data_name))
+            if placed:  # else nothing points at it: no data file, the model is in one piece
+                finals.append((data_tmp, parent / data_name))
         if not external_data and find_external:
             for tensor in _all_tensors_for_external(model.graph):
                 if is_external(tensor):
                     if source_dir is None:
                         raise _no_source_dir(tensor)
+                    sources.add(external_location(tensor, source_dir, str(in_path))[0])
                     raw = read_external(tensor, source_dir, str(in_path))
                     moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
                     del tensor.external_data[:]
@@ -859,7 +1019,9 @@ def save_model(
             for final in done:  # ours and incomplete without the rest: remove
                 final.unlink(missing_ok=True)
             raise
-        return [final for _, final in finals]
+        if parent / data_name not in done:
+            _remove_stale_data(parent / data_name, sources | ({in_path} if in_path is not None else set()))
+        return done
     except OSError as exc:
         raise AutocastError(
             f"cannot write output: {exc.strerror or exc}",
@@ -872,6 +1034,89 @@ def save_model(
                 tmp.unlink()
         for tensor, original in moved:
             _restore(tensor, original)
+
+
+def _fill_data_file(fh, model, data_name: str, spill, source_dir, in_path, moved, sources: set) -> int:
+    """Write the model's tensors of EXTERNAL_MIN_BYTES or more to the open data file `fh` (after
+    what `spill` holds) and point them at `data_name`; returns how many tensors point there. An
+    external tensor of the source is copied across in chunks, never whole, or read into the
+    model when it is smaller. `moved` (None: not kept) receives (tensor, original) for restoring
+    the model afterwards; `sources` the source files read."""
+    offset = spill.offset if spill is not None else 0
+    placed = 0
+    for tensor in _all_tensors_for_external(model.graph):
+        if spill is not None and spill.holds(tensor):  # written during the conversion
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = data_name
+            placed += 1
+            continue
+        if is_external(tensor):
+            if source_dir is None:
+                raise _no_source_dir(tensor)
+            source, src_offset, length, _ = external_location(tensor, source_dir, str(in_path))
+            sources.add(source)
+            if moved is not None:
+                moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
+            if length < EXTERNAL_MIN_BYTES:
+                _restore(tensor, _read_range(source, src_offset, length))
+                continue
+            offset = _pad_to_64(fh, offset)
+            _copy_range(source, src_offset, length, fh)
+            _set_external(tensor, data_name, offset, length)
+            offset += length
+            placed += 1
+            continue
+        raw = _large_payload(tensor)
+        if raw is None:
+            continue
+        offset = _pad_to_64(fh, offset)
+        fh.write(raw)
+        if moved is not None:
+            original = raw if tensor.HasField("raw_data") else onnx.TensorProto.FromString(tensor.SerializeToString())
+            moved.append((tensor, original))
+        size = len(raw)
+        del raw
+        _set_external(tensor, data_name, offset, size)
+        offset += size
+        placed += 1
+    return placed
+
+
+def _large_payload(tensor: onnx.TensorProto) -> bytes | None:
+    """The payload of an in-memory tensor of EXTERNAL_MIN_BYTES or more (None: it stays in the model)."""
+    raw = tensor.raw_data if tensor.HasField("raw_data") else None
+    if raw is None:
+        if tensor.data_type == onnx.TensorProto.STRING:
+            return None
+        arr = numpy_helper.to_array(tensor)
+        if arr.nbytes < EXTERNAL_MIN_BYTES:
+            return None
+        raw = arr.tobytes()
+    return raw if len(raw) >= EXTERNAL_MIN_BYTES else None
+
+
+def _pad_to_64(fh, offset: int) -> int:
+    """Zeros up to the next multiple of 64 bytes; returns the new offset."""
+    pad = (-offset) % 64
+    fh.write(b"\0" * pad)
+    return offset + pad
+
+
+def _remove_stale_data(path: Path, sources: set) -> None:
+    """Remove the regular file `path` (NAME.data) that an earlier save left beside NAME, now
+    written without one: it belongs to no model any more and would read as this model's data.
+    A link, a special file or a file this save read from stays."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode) or any(_same_file(path, source) for source in sources):
+        return
+    try:
+        path.unlink()
+    except OSError:
+        pass  # the model is written; a data file that cannot be removed is left as it was
 
 
 def _write_and_sync(fh, payload: bytes | Pieces) -> None:
@@ -955,7 +1200,7 @@ class PayloadSpill:
 
 def _no_source_dir(tensor: onnx.TensorProto) -> AutocastError:
     return AutocastError(
-        f"initializer '{tensor.name}' uses external data but no source_dir was given",
+        f"initializer {tensor.name!r} uses external data but no source_dir was given",
         None,
         "pass source_dir, the folder of the model it was loaded from",
     )
@@ -970,6 +1215,15 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
+def _read_range(source: Path, offset: int, length: int) -> bytes:
+    with open(source, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read(length)
+    if len(data) != length:
+        raise OSError(f"{source} ended early")
+    return data
+
+
 def _copy_range(source: Path, offset: int, length: int, out, chunk: int = 64 * 2**20) -> None:
     with open(source, "rb") as fh:
         fh.seek(offset)
@@ -982,10 +1236,81 @@ def _copy_range(source: Path, offset: int, length: int, out, chunk: int = 64 * 2
             left -= len(block)
 
 
+TEMP_MARK: Final = ".autocast-tmp."
+
+
+def _machine_tag() -> str:
+    """8 hex digits naming this machine and PID namespace: a temporary's PID is only looked up
+    where it can mean the process that wrote it (a folder may be shared with other machines)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return hashlib.sha256(f"{socket.gethostname()}/{namespace}".encode()).hexdigest()[:8]
+
+
+_MACHINE: Final = _machine_tag()
+_TEMP_TAIL = re.compile(r"([0-9a-f]{8})-([0-9]+)\.[a-z0-9_]{8}")  # MACHINE-PID.RANDOM (mkstemp's 8 characters)
+
+
+def _temp_stem(name: str) -> str:
+    """`.NAME.autocast-tmp.`: how every temporary for the file `name` begins (a NAME too long for
+    a temporary's name to fit the file system's limit is replaced by its digest)."""
+    if len(os.fsencode(name)) > 180:
+        name = hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    return f".{name}{TEMP_MARK}"
+
+
+def temp_prefix(name: str, pid: int | None = None) -> str:
+    """How the temporaries for the file `name` are named: `.NAME.autocast-tmp.MACHINE-PID.`, then
+    8 random characters (mkstemp's); PID is this process's by default."""
+    return f"{_temp_stem(name)}{_MACHINE}-{os.getpid() if pid is None else pid}."
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` may be alive on this machine (when in doubt: yes)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # another user's process, or no such PID can exist here
+        return True
+    return True
+
+
+def remove_stale_temps(parent: Path, name: str) -> list[Path]:
+    """Remove the temporaries for `name` and `name.data` in `parent` that a process of this
+    machine left when it was killed mid-write (SIGKILL, power loss): regular files of this user,
+    named by temp_prefix, whose PID is no longer alive. Returns them."""
+    stems = (_temp_stem(name), _temp_stem(name + ".data"))
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        stem = next((each for each in stems if entry.name.startswith(each)), None)
+        tail = _TEMP_TAIL.fullmatch(entry.name, len(stem)) if stem is not None else None
+        if tail is None or tail[1] != _MACHINE or _pid_alive(int(tail[2])):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
+
+
 def _temp_path(parent: Path, name: str) -> Path:
-    """A new empty file beside the destination, with the permissions a plain open() would give
-    (mkstemp's are owner-only)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    """A new empty file beside the destination, named by temp_prefix, with the permissions a plain
+    open() would give (mkstemp's are owner-only). The stale temporaries a killed run left for
+    the same file are removed first."""
+    remove_stale_temps(parent, name)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(name), dir=parent)
     os.fchmod(fd, _FILE_MODE)
     os.close(fd)
     return Path(tmp)

@@ -17,14 +17,21 @@ from pathlib import Path
 
 import click
 
-from ..errors import AutocastError, InternalCheckError
+from ..errors import AutocastError, InternalCheckError, one_line
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_HINT = "this is a bug in autocast-onnx; rerun with AUTOCAST_ONNX_DEBUG=1 for a traceback and please report it"
 
 
+def _say(kind: str, message: str) -> None:
+    """Print 'autocast-onnx: KIND: MESSAGE' on stderr as exactly one line: a newline or other
+    control character in the message (a name from a model, a rule file or a path) is escaped,
+    so it can neither split the line nor forge another."""
+    click.echo(f"autocast-onnx: {kind}: {one_line(message)}", err=True)
+
+
 def _fail(message: str, code: int) -> None:
-    click.echo(f"autocast-onnx: error: {message}", err=True)
+    _say("error", message)
     sys.exit(code)
 
 
@@ -41,13 +48,16 @@ def run_guarded(fn, *, doing: str, subject=None):
     """Run a command body `fn(outputs)`, where `outputs` is an io.OutputSnapshot the body tracks
     its output paths in before writing them. Bad input becomes one line and exit 2, anything
     unexpected one line and exit 3 (naming the command and the file); either way, the outputs
-    this run wrote are removed (all or nothing)."""
-    from ..io import OutputSnapshot
+    this run wrote are removed (all or nothing). The paths given with a trailing separator are
+    folders to the output checks (io.spelled_as_folders)."""
+    from ..io import OutputSnapshot, spelled_as_folders
 
     outputs = OutputSnapshot()
     context = f"{doing} {subject}" if subject is not None else doing
+    ctx = click.get_current_context(silent=True)
     try:
-        return fn(outputs)
+        with spelled_as_folders(ctx.meta.get(_FOLDER_SPELLINGS, ()) if ctx is not None else ()):
+            return fn(outputs)
     except AutocastError as exc:
         outputs.discard()
         _fail(exc.line(), EXIT_INPUT)
@@ -73,13 +83,21 @@ def run_guarded(fn, *, doing: str, subject=None):
         _fail(f"internal error while {context}: {_one_line(exc)} ({BUG_HINT})", EXIT_INTERNAL)
 
 
+_FOLDER_SPELLINGS = "autocast_onnx.folder_spellings"  # ctx.meta: the paths given as 'NAME/'
+
+
 class _PathType(click.Path):
-    """click.Path that refuses an empty value (click would read it as '.')."""
+    """click.Path that refuses an empty value (click would read it as '.'), and notes in
+    ctx.meta a value that ends in a separator ('out/'): the Path it becomes no longer shows
+    that it names a folder, which an output must not be written as (see run_guarded)."""
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and not value.strip():
             self.fail("empty path; give a file name", param, ctx)
-        return super().convert(value, param, ctx)
+        path = super().convert(value, param, ctx)
+        if ctx is not None and isinstance(value, str) and value != "-" and value.endswith(("/", os.sep)):
+            ctx.meta.setdefault(_FOLDER_SPELLINGS, set()).add(Path(os.fsdecode(path)))
+        return path
 
 
 class _TextType(click.ParamType):
@@ -214,6 +232,13 @@ def lint_options_group(f):
     )(f)
 
 
+class _OneLineFormatter(logging.Formatter):
+    """-v logs, one line per record: control characters in the message are escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return one_line(super().format(record))
+
+
 def _setup(config, verbose):
     """(settings, configuration file) for a command, after turning on debug logs if asked."""
     import logging
@@ -223,7 +248,7 @@ def _setup(config, verbose):
     root = logging.getLogger("autocast_onnx")
     if verbose:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("autocast-onnx: %(name)s: %(message)s"))
+        handler.setFormatter(_OneLineFormatter("autocast-onnx: %(name)s: %(message)s"))
         root.handlers[:] = [handler]
         root.setLevel(logging.DEBUG)
     else:
@@ -591,7 +616,7 @@ def convert(
             click.echo(text, err=to_stderr)
 
     def body(written):
-        from ..io import check_outputs, load_model
+        from ..io import check_model_path, check_outputs
         from ..options import validate_options
         from ..pipeline import convert_file, default_output_path, plan_on_data
 
@@ -640,8 +665,8 @@ def convert(
             )
             replay = PrecisionPlan.load(plan_file)
         precision = replay.target.value if replay is not None else plan.precision.value
-        if output is None and (not Path(model).exists() or Path(model).is_dir()):
-            load_model(model)  # no default output beside it: say what is wrong with MODEL
+        if output is None:
+            check_model_path(model)  # no default output beside a missing file, a folder, a device or a FIFO
         out = output or default_output_path(model, precision)
         options = validate_options(settings, **kw)  # refuse bad validation flags before any work
         goal = None
@@ -787,10 +812,10 @@ def emulate(model, output, quiet, verbose) -> None:
                     count = entry["low_precision_tensors"]
                     click.echo(f"{name}: {count} low-precision tensors emulated")
                     if not count:
-                        click.echo(
-                            f"autocast-onnx: warning: {name} has no fp16/bf16 tensor: its emulation computes "
+                        _say(
+                            "warning",
+                            f"{name} has no fp16/bf16 tensor: its emulation computes "
                             "exactly what it computes (pass a converted model)",
-                            err=True,
                         )
             click.echo(f"written to {done['output']}")
         return True
@@ -1111,7 +1136,7 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
         subject=", ".join(str(m) for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else ""),
     )
     for line in bad_inputs:
-        click.echo(f"autocast-onnx: error: {line}", err=True)
+        _say("error", line)
     if bad_inputs:
         sys.exit(EXIT_INPUT)
     sys.exit(EXIT_FAIL if failed and not exit_zero else EXIT_OK)
@@ -1217,7 +1242,7 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
         raise AutocastError(
             ("no node matches" if looks_like_regex(node) else "no node named")
             + f" {node!r}"
-            + (f" among the {op_type} nodes" if op_type else ""),
+            + (f" among the {op_type!r} nodes" if op_type else ""),
             str(model),
             ("did you mean " + ", ".join(repr(c) for c in close) + "?")
             if close

@@ -324,22 +324,32 @@ def _dims_text(dims) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
-def _npz_headers(f: Path, wanted) -> dict[str, tuple[tuple[int, ...], np.dtype] | None]:
-    """name -> (shape, dtype) of the arrays of an .npz, from the .npy headers of the `wanted`
-    arrays (no data is read; None when the header format is newer than this reader knows); other
-    members are listed with None."""
+@dataclass
+class _Member:
+    """An array of an .npz as its archive lists it: the bytes it inflates to (`size`, the .npy
+    file, header included) and, for a wanted array, its header's shape and dtype and the bytes of
+    data after the header (`header` None: a header format newer than this reader knows)."""
+
+    size: int
+    header: tuple[tuple[int, ...], np.dtype] | None = None
+    data_bytes: int = 0
+
+
+def _npz_headers(f: Path, wanted=None) -> dict[str, _Member]:
+    """name -> _Member for every array of an .npz, with the .npy headers of the `wanted` arrays
+    (None: all) read (no data is inflated beyond a header)."""
     from numpy.lib import format as npy
 
     if not zipfile.is_zipfile(f):
         raise AutocastError("not an .npz archive", str(f), "write it with numpy.savez")
-    out: dict[str, tuple[tuple[int, ...], np.dtype] | None] = {}
+    out: dict[str, _Member] = {}
     name = None
     try:
         with zipfile.ZipFile(f) as archive:
             for member in archive.infolist():
                 name = member.filename.removesuffix(".npy")
-                out[name] = None
-                if name not in wanted:
+                out[name] = _Member(member.file_size)
+                if wanted is not None and name not in wanted:
                     continue
                 with archive.open(member) as fh:
                     version = npy.read_magic(fh)
@@ -349,27 +359,74 @@ def _npz_headers(f: Path, wanted) -> dict[str, tuple[tuple[int, ...], np.dtype] 
                         shape, _, dtype = npy.read_array_header_2_0(fh)
                     else:
                         continue  # a newer header: checked when the array is loaded
-                out[name] = (tuple(shape), np.dtype(dtype))
+                    out[name] = _Member(member.file_size, (tuple(shape), np.dtype(dtype)), member.file_size - fh.tell())
     except Exception as exc:
-        what = f"cannot read array '{name}' of the .npz" if name in wanted else "cannot read .npz"
+        what = f"cannot read array {name!r} of the .npz" if name in (wanted or out) else "cannot read .npz"
         raise AutocastError(f"{what}: {' '.join(str(exc).split())}", str(f), "write it with numpy.savez") from None
     return out
 
 
 def _check_headers(f: Path, names: dict) -> None:
-    headers = _npz_headers(f, names)
-    missing = set(names) - set(headers)
+    members = _npz_headers(f, names)
+    missing = set(names) - set(members)
     if missing:
-        held = ", ".join(sorted(headers)) or "no arrays"
+        held = ", ".join(sorted(members)) or "no arrays"
         raise AutocastError(
             f"missing input(s) {', '.join(sorted(missing))}; the archive holds {held}",
             str(f),
             "the archive needs one array per model input, named like the input",
         )
     for name, spec in names.items():
-        header = headers[name]
+        header = members[name].header
         if header is not None:
             _check_array(name, *header, spec, str(f))
+    _check_inflated_size(f, {name: members[name] for name in names}, names)
+
+
+def check_archive_size(path: str | Path) -> None:
+    """Refuse an .npz (every array of it) that would take more than GENERATED_LIMIT bytes once
+    loaded, or whose headers declare more data than it holds, before anything is inflated."""
+    f = Path(path)
+    _check_inflated_size(f, _npz_headers(f), {})
+
+
+def _in_memory_bytes(member: _Member, spec: InputSpec | None, name: str, where: str) -> int:
+    """Bytes the array takes once loaded (and converted to the type of its input `spec`), from its
+    header; refuses a header that declares more data than the archive member holds."""
+    if member.header is None:
+        return member.size  # a newer header: the member's size bounds what loading inflates
+    shape, dtype = member.header
+    count = math.prod(shape)
+    declared = count * dtype.itemsize
+    if declared > member.data_bytes:
+        raise AutocastError(
+            f"array {name!r} declares shape {list(shape)} of {dtype} ({declared} bytes), but the archive holds "
+            f"{member.data_bytes} bytes of it",
+            where,
+            "the archive is truncated or forged; write it again with numpy.savez",
+        )
+    if spec is None:
+        return declared
+    want = np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type))
+    return max(declared, count * want.itemsize)
+
+
+def _check_inflated_size(f: Path, members: dict[str, _Member], names: dict) -> None:
+    """Refuse a batch whose arrays would take more than GENERATED_LIMIT bytes once loaded (the
+    limit generated inputs have), before inflating any: a small compressed .npz can declare
+    gigabytes of zeros."""
+    sizes = {name: _in_memory_bytes(member, names.get(name), name, str(f)) for name, member in members.items()}
+    total = sum(sizes.values())
+    if total > GENERATED_LIMIT:
+        biggest = max(sizes, key=lambda n: sizes[n])
+        header = members[biggest].header
+        shape = f" (shape {list(header[0])} of {header[1]})" if header is not None else ""
+        raise AutocastError(
+            f"the inputs of this batch would take {total / 2**30:.3g} GiB once loaded, over the "
+            f"{GENERATED_LIMIT / 2**30:.3g} GiB limit; array {biggest!r}{shape} takes {sizes[biggest] / 2**30:.3g} GiB",
+            str(f),
+            "pass smaller batches: one .npz file per batch",
+        )
 
 
 def check_batches(path: str | Path, specs: list[InputSpec]) -> None:
