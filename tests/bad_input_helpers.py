@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -198,23 +199,39 @@ def sha(path: Path) -> str:
 
 
 def snapshot(root: Path) -> dict:
-    """Every entry under `root`: files by sha256, symlinks by target, folders by name. Equal
-    snapshots mean the inputs are byte-identical and nothing (no output, no temporary) appeared."""
+    """Every entry under `root`, by os.lstat (no symlink followed): regular files by sha256,
+    symlinks by target, folders by name, and FIFOs, sockets and devices by kind, never opened
+    (opening a FIFO to read blocks until a writer comes). Equal snapshots mean the inputs are
+    byte-identical and nothing (no output, no temporary) appeared or disappeared."""
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):  # symlinked folders are listed, not walked
         for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "link -> " + os.readlink(p)
-            elif p.is_dir():
-                out[rel] = "dir"
-            else:
-                try:
-                    out[rel] = sha(p)
-                except OSError as exc:  # e.g. a FIFO or an unreadable file
-                    out[rel] = f"unreadable: {exc.strerror}"
+            path = Path(dirpath) / name
+            out[str(path.relative_to(root))] = _entry_state(path)
     return out
+
+
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "char device"),
+    (stat.S_ISBLK, "block device"),
+)
+
+
+def _entry_state(path: Path) -> str:
+    """What snapshot records for one entry: its kind, and a regular file's sha256."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        return "link -> " + os.readlink(path)
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if not stat.S_ISREG(mode):
+        return next((kind for test, kind in _SPECIAL_KINDS if test(mode)), f"special {stat.S_IFMT(mode):o}")
+    try:
+        return sha(path)
+    except OSError as exc:  # e.g. a file without read permission
+        return f"unreadable: {exc.strerror}"
 
 
 # ---- fault injection -------------------------------------------------------------------------

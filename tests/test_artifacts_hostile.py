@@ -11,13 +11,15 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import bad_input_helpers
 import numpy as np
 import onnx
 import pytest
-from bad_input_helpers import ROOT, assert_one_error, invoke, run_process
+from bad_input_helpers import ROOT, assert_one_error, invoke, run_process, snapshot
 from onnx import numpy_helper
 
 from autocast_onnx.errors import AutocastError
@@ -34,28 +36,6 @@ def src(tmp_path) -> Path:
     shutil.copytree(ARTIFACTS / "mlp", folder)
     (tmp_path / "secret.txt").write_bytes(SECRET)
     return folder
-
-
-def snapshot(root: Path) -> dict:
-    """bad_input_helpers.snapshot, with FIFOs and sockets recorded by kind (never opened: opening
-    a FIFO blocks until a writer comes)."""
-    special = {}
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            path = Path(dirpath) / name
-            mode = path.lstat().st_mode
-            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-                special[str(path.relative_to(root))] = f"special {stat.S_IFMT(mode):o}"
-    real_sha = bad_input_helpers.sha
-
-    def sha(path):
-        return special.get(str(Path(path).relative_to(root))) or real_sha(path)
-
-    bad_input_helpers.sha = sha
-    try:
-        return bad_input_helpers.snapshot(root)
-    finally:
-        bad_input_helpers.sha = real_sha
 
 
 def earlier_output(src: Path, out: Path) -> dict:
@@ -169,6 +149,86 @@ def test_an_earlier_output_is_replaced_and_nothing_is_left_beside_it(tmp_path, s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp", "out", "secret.txt"]
     # the folder gets the usual permissions (not the owner-only ones of a temporary folder)
     assert (out.stat().st_mode & 0o777) == (0o777 & ~_umask())
+
+
+def _with_subfolders(src: Path) -> None:
+    (src / "sub" / "deeper" / "empty").mkdir(parents=True)
+    (src / "sub" / "notes.txt").write_text("kept")
+    (src / "sub" / "deeper" / "more.txt").write_text("kept too")
+    (src / "sub" / "deeper" / "link").symlink_to("../notes.txt")
+
+
+def test_the_manifest_lists_every_entry_of_a_copied_folder(tmp_path, src):
+    _with_subfolders(src)
+    out = tmp_path / "out"
+    earlier_output(src, out)
+    files = json.loads((out / MANIFEST).read_text())["files"]
+    assert files["sub"] == {
+        "action": "copied unchanged",
+        "contents": ["deeper", "deeper/empty", "deeper/link", "deeper/more.txt", "notes.txt"],
+    }
+    assert files["checkpoint"] == {"action": "copied unchanged"}  # a file's entry is as before
+    # the second run replaces the first: everything in it is listed, at every depth
+    outcome = invoke(["convert", src, "-o", out, "-q"])
+    assert outcome.code == 0, outcome.stderr
+
+
+@pytest.mark.parametrize(
+    "added", ["sub/mine.txt", "sub/deeper/mine.txt", "sub/deeper/empty/mine.txt", "sub/deeper/mine/"]
+)
+def test_an_earlier_output_with_an_entry_added_in_a_copied_folder_is_refused(tmp_path, src, added):
+    _with_subfolders(src)
+    out = tmp_path / "out"
+    earlier_output(src, out)
+    if added.endswith("/"):
+        (out / added).mkdir()
+    else:
+        (out / added).write_text("mine")
+    refused(tmp_path, ["convert", src, "-o", out], f"'{added.rstrip('/')}'", "does not list")
+
+
+def test_an_earlier_output_whose_listed_file_became_a_folder_is_refused(tmp_path, src):
+    _with_subfolders(src)
+    out = tmp_path / "out"
+    earlier_output(src, out)
+    (out / "sub" / "notes.txt").unlink()
+    (out / "sub" / "notes.txt").mkdir()
+    (out / "sub" / "notes.txt" / "mine").write_text("mine")
+    refused(tmp_path, ["convert", src, "-o", out], "'sub/notes.txt/mine'", "does not list")
+
+
+def _as_written_before(out: Path) -> None:
+    """Rewrite the manifest of `out` as the command wrote it before it listed folders' contents."""
+    manifest = json.loads((out / MANIFEST).read_text())
+    for entry in manifest["files"].values():
+        entry.pop("contents", None)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def test_an_earlier_output_with_an_older_manifest_is_replaced_when_its_folders_match_the_input(tmp_path, src):
+    _with_subfolders(src)
+    out = tmp_path / "out"
+    earlier_output(src, out)
+    _as_written_before(out)
+    outcome = invoke(["convert", src, "-o", out, "-q"])
+    assert outcome.code == 0, outcome.stderr
+    assert "contents" in json.loads((out / MANIFEST).read_text())["files"]["sub"]
+
+
+@pytest.mark.parametrize("change", ["added", "kind"])
+def test_an_earlier_output_with_an_older_manifest_and_a_foreign_entry_in_a_folder_is_refused(tmp_path, src, change):
+    _with_subfolders(src)
+    out = tmp_path / "out"
+    earlier_output(src, out)
+    _as_written_before(out)
+    if change == "added":
+        (out / "sub" / "deeper" / "mine.txt").write_text("mine")
+        name = "sub/deeper/mine.txt"
+    else:  # same name as the input's entry, another kind: not what the earlier run copied
+        (out / "sub" / "deeper" / "empty").rmdir()
+        (out / "sub" / "deeper" / "empty").write_text("mine")
+        name = "sub/deeper/empty"
+    refused(tmp_path, ["convert", src, "-o", out], f"'{name}'", "does not list")
 
 
 def _umask() -> int:
@@ -362,3 +422,84 @@ def test_a_write_error_while_copying_is_one_line_and_leaves_nothing(tmp_path, sr
     monkeypatch.setattr(shutil_module, "copyfileobj", copyfileobj)
     monkeypatch.setattr(shutil_module, "copyfile", copyfileobj)
     refused(tmp_path, ["convert", src, "-o", tmp_path / "out"], "No space left on device")
+
+
+def _fail_in_summary(monkeypatch, exc):
+    """Make the command fail after its folder is renamed into place: while it prints the summary."""
+    import autocast_onnx.report as report
+
+    def summary(*a, **kw):
+        raise exc
+
+    monkeypatch.setattr(report, "conversion_summary", summary)
+
+
+@pytest.mark.parametrize("earlier", [True, False], ids=["over_an_earlier_output", "new_folder"])
+@pytest.mark.parametrize(
+    "exc, code", [(RuntimeError("boom"), 3), (AutocastError("bad", "x"), 2), (KeyboardInterrupt(), 130)]
+)
+def test_a_failure_after_the_rename_removes_the_new_folder_whole(tmp_path, src, monkeypatch, earlier, exc, code):
+    # all or nothing: the new folder goes whole (not just its manifest) and the earlier output comes back
+    out = tmp_path / "out"
+    if earlier:
+        earlier_output(src, out)
+    before = snapshot(tmp_path)
+    _fail_in_summary(monkeypatch, exc)
+    outcome = invoke(["convert", src, "-o", out, "--loss-scale", "512"])
+    assert outcome.code == code, outcome.stderr
+    assert snapshot(tmp_path) == before
+    if earlier:  # and it is still replaceable
+        monkeypatch.undo()
+        assert invoke(["convert", src, "-o", out, "-q"]).code == 0
+
+
+def test_a_closed_stdout_after_the_rename_keeps_the_new_folder_whole(tmp_path, src):
+    # the reader of stdout stopped before the summary: a success, as for a model file; the folder
+    # stays complete (a real process: its stdout is a pipe whose read end is closed)
+    out = tmp_path / "out"
+    earlier_output(src, out)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "autocast_onnx", "convert", str(src), "-o", str(out), "--loss-scale", "512"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / MANIFEST).read_text())["loss_scale"]["mode"] == "512"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp", "out", "secret.txt"]
+
+
+# ---- the snapshot helper ----------------------------------------------------------------------
+
+
+def test_snapshot_records_special_files_by_kind_without_opening_them(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file").write_text("x")
+    os.mkfifo(tmp_path / "sub" / "fifo")
+    (tmp_path / "link").symlink_to("sub", target_is_directory=True)
+    (tmp_path / "dangling").symlink_to("nowhere")
+    real_sha = bad_input_helpers.sha
+
+    def sha(path):  # opening a FIFO would block: only regular files may be read
+        assert stat.S_ISREG(os.lstat(path).st_mode), path
+        return real_sha(path)
+
+    monkeypatch.setattr(bad_input_helpers, "sha", sha)
+    monkeypatch.chdir(tmp_path)  # a relative name: socket paths are limited to ~100 bytes
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("sub/sock")
+        assert snapshot(tmp_path) == {
+            "sub": "dir",
+            "link": "link -> sub",
+            "dangling": "link -> nowhere",
+            "sub/file": real_sha(tmp_path / "sub" / "file"),
+            "sub/fifo": "fifo",
+            "sub/sock": "socket",
+        }

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from bad_input_helpers import assert_ok, assert_one_error, external_model, invoke, sha, small_model, write_model
+from bad_input_helpers import assert_ok, assert_one_error, external_model, invoke, small_model, snapshot, write_model
 from helpers import F32, init, model, tensor
 from onnx import helper
 
@@ -58,16 +58,6 @@ def out(tmp_path) -> Path:
     folder = tmp_path / "out"
     folder.mkdir()
     return folder
-
-
-def snapshot(root: Path) -> dict:
-    """Every entry under `root`: regular files by sha256, anything else by its kind (a FIFO is
-    never opened: opening one to read blocks until a writer comes)."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        mode = os.lstat(path).st_mode
-        out[str(path.relative_to(root))] = sha(path) if stat.S_ISREG(mode) else stat.filemode(mode)[0]
-    return out
 
 
 class NonBlockingFifo:

@@ -642,7 +642,7 @@ def convert(
                 "with an artifacts folder",
                 "convert training_model.onnx on its own to use them",
             )
-            return _convert_folder(model, output, plan, check, loss_scale, echo, written)
+            return _convert_folder(model, output, plan, check, loss_scale, echo)
         replay = None
         if plan_file is not None:
             from ..plan import PrecisionPlan
@@ -766,19 +766,26 @@ def _artifacts_folder(path) -> bool:
     return is_artifacts_dir(path)
 
 
-def _convert_folder(model, output, plan, check, loss_scale, echo, written) -> bool:
-    """convert on an onnxruntime-training artifacts folder (see training/artifacts.py)."""
+def _convert_folder(model, output, plan, check, loss_scale, echo) -> bool:
+    """convert on an onnxruntime-training artifacts folder (see training/artifacts.py). All or
+    nothing, as for a model file: the new folder is renamed into place with the earlier output
+    kept aside until the summary is printed; a failure while printing removes the new folder
+    whole and brings the earlier output back (a closed stdout is a success: the folder stays)."""
     from ..report import conversion_summary
     from ..training.artifacts import MANIFEST, convert_artifacts, default_output_dir
 
     out_dir = Path(output) if output is not None else default_output_dir(Path(model), plan.precision.value)
-    written.track(out_dir / MANIFEST)
-    result = convert_artifacts(model, out_dir, check=check, loss_scale=loss_scale, **plan.convert_kwargs())
-    for name, converted in result.results.items():
-        echo(conversion_summary(converted, Path(model) / name, out_dir / name))
-        echo("")
-    echo(f"copied unchanged: {', '.join(result.copied) or 'nothing'}")
-    echo(f"manifest written to {out_dir / MANIFEST}")
+    result = convert_artifacts(model, out_dir, check=check, loss_scale=loss_scale, hold=True, **plan.convert_kwargs())
+    try:
+        for name, converted in result.results.items():
+            echo(conversion_summary(converted, Path(model) / name, out_dir / name))
+            echo("")
+        echo(f"copied unchanged: {', '.join(result.copied) or 'nothing'}")
+        echo(f"manifest written to {out_dir / MANIFEST}")
+    except BaseException as exc:
+        result.settle(keep=isinstance(exc, BrokenPipeError))  # run_guarded: a closed stdout is a success
+        raise
+    result.settle(keep=True)
     return True
 
 

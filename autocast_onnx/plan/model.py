@@ -109,15 +109,12 @@ def looks_like_regex(text: str) -> bool:
 
 
 def vocabulary() -> dict:
-    """The legend of the codes a plan file uses, written into it so the file explains itself."""
-
-    def doc(member) -> str:
-        return " ".join((member.__doc__ or "").split())
-
+    """The legend of the codes a plan file uses, written into it so the file explains itself:
+    each code with its member's description (plan/vocab.py). Replay does not read it."""
     return {
-        "precision": {p.value: doc(p) for p in Precision},
-        "roles": {r.value: doc(r) for r in PortRole},
-        "categories": {c.rule_name: doc(c) for c in Category},
+        "precision": {p.value: p.description for p in Precision},
+        "roles": {r.value: r.description for r in PortRole},
+        "categories": {c.rule_name: c.description for c in Category},
     }
 
 

@@ -13,7 +13,17 @@ from ..dtypes import BFLOAT16, FLOAT, FLOAT16
 
 
 class _Code(str, Enum):
-    """A named code: equal to, hashed like and printed as its value."""
+    """A named code: equal to, hashed like and printed as its value. Each member is declared as
+    `NAME = "code", "what it means"`: `description` is that sentence, which the legend of a plan
+    file (plan.model.vocabulary) gives for the code."""
+
+    description: str
+
+    def __new__(cls, value: str, description: str = ""):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.description = description
+        return member
 
     # str's own C hash, not a Python method: plans look members up in dicts 10^5 times
     __hash__ = str.__hash__
@@ -26,15 +36,14 @@ class Precision(_Code):
     """The precision a node computes in, as written in a plan. It is the one type a precision
     travels as from the command line to the rewrite; `elem_type` gives the ONNX element type."""
 
-    FP16 = "fp16"
-    """IEEE half precision: max 65504, smallest subnormal 2**-24."""
-    BF16 = "bf16"
-    """bfloat16: the fp32 range with an 8-bit mantissa."""
-    FP32 = "fp32"
-    """Single precision: what the model computed in before conversion."""
-    UNCHANGED = "unchanged"
-    """Keeps the types it had: not a float op, a control-flow node whose bodies are planned
-    node by node, or a float op that nothing moved."""
+    FP16 = "fp16", "IEEE half precision: max 65504, smallest subnormal 2**-24."
+    BF16 = "bf16", "bfloat16: the fp32 range with an 8-bit mantissa."
+    FP32 = "fp32", "Single precision: what the model computed in before conversion."
+    UNCHANGED = (
+        "unchanged",
+        "Keeps the types it had: not a float op, a control-flow node whose bodies are planned node by node, or a "
+        "float op that nothing moved.",
+    )
 
     @property
     def elem_type(self) -> int | None:
@@ -62,20 +71,20 @@ class Category(_Code):
     """An op's category, from the rule files. The code is one character; `rule_name` is the
     name used in rule files, plans and reports."""
 
-    LOW_PRECISION = "L"
-    """Computes in low precision whenever it can (MatMul, Conv, Gemm, attention)."""
-    FOLLOW = "F"
-    """Takes the precision of its inputs: low after low nodes, fp32 after fp32 ones (Add, Mul, Relu)."""
-    KEEP_FP32 = "K"
-    """Always fp32: softmax, normalizations, reductions, exp/log/pow, losses."""
-    CLEAR = "C"
-    """Moves or selects values without arithmetic (Reshape, Transpose, Gather, Cast): any precision
-    is exact, so it goes where its neighbours are."""
-    NON_FLOAT = "N"
-    """Has no float tensor whose type the converter may change (shape, integer and bool ops)."""
-    CONTROL_FLOW = "X"
-    """If, Loop, Scan and other nodes with subgraphs: their bodies are planned node by node and
-    their own inputs and outputs keep their types."""
+    LOW_PRECISION = "L", "Computes in low precision whenever it can (MatMul, Conv, Gemm, attention)."
+    FOLLOW = "F", "Takes the precision of its inputs: low after low nodes, fp32 after fp32 ones (Add, Mul, Relu)."
+    KEEP_FP32 = "K", "Always fp32: softmax, normalizations, reductions, exp/log/pow, losses."
+    CLEAR = (
+        "C",
+        "Moves or selects values without arithmetic (Reshape, Transpose, Gather, Cast): any precision is exact, so it "
+        "goes where its neighbours are.",
+    )
+    NON_FLOAT = "N", "Has no float tensor whose type the converter may change (shape, integer and bool ops)."
+    CONTROL_FLOW = (
+        "X",
+        "If, Loop, Scan and other nodes with subgraphs: their bodies are planned node by node and their own inputs "
+        "and outputs keep their types.",
+    )
 
     @property
     def rule_name(self) -> str:
@@ -103,46 +112,44 @@ class PortRole(_Code):
     """What a node's input or output port does with the precision plan. Classification gives each
     port one role; a node's roles are stored as a string, one character per port ("pfx")."""
 
-    FOLLOW = "p"
-    """A float tensor that takes the node's planned precision."""
-    FP32 = "f"
-    """Pinned fp32 whatever the node's precision: a rule file pin (Resize `scales`) or a schema
-    that allows only fp32 at this port."""
-    NONE = "x"
-    """Not a float tensor, an absent optional port, or a port whose schema allows neither the
-    target type nor fp32: never cast."""
-    UNKNOWN = "u"
-    """A float-capable port whose tensor has no known type: the node is frozen, left as it is."""
-    ANY = "a"
-    """The op reads only the shape or passes the value to a cast (Shape, Cast input): any float
-    type will do, so no cast is added in front of it."""
-    OWN = "o"
-    """Keeps the type it has: a control-flow node's inputs and outputs, an author's explicit cast to
-    fp16/bf16."""
+    FOLLOW = "p", "A float tensor that takes the node's planned precision."
+    FP32 = (
+        "f",
+        "Pinned fp32 whatever the node's precision: a rule file pin (Resize `scales`) or a schema that allows only "
+        "fp32 at this port.",
+    )
+    NONE = (
+        "x",
+        "Not a float tensor, an absent optional port, or a port whose schema allows neither the target type nor fp32: "
+        "never cast.",
+    )
+    UNKNOWN = "u", "A float-capable port whose tensor has no known type: the node is frozen, left as it is."
+    ANY = (
+        "a",
+        "The op reads only the shape or passes the value to a cast (Shape, Cast input): any float type will do, so no "
+        "cast is added in front of it.",
+    )
+    OWN = (
+        "o",
+        "Keeps the type it has: a control-flow node's inputs and outputs, an author's explicit cast to fp16/bf16.",
+    )
 
 
 class Paint(_Code):
     """The painter's state of a node while the passes run (TensorFlow's allow/deny/infer)."""
 
-    LOW = "A"
-    """Allow: computes in the target type."""
-    FP32 = "D"
-    """Deny: computes in fp32."""
-    UNDECIDED = "U"
-    """Follows its neighbours; still open while the passes run."""
-    NONE = "-"
-    """Not painted: no float port follows its precision (non-float, control flow)."""
+    LOW = "A", "Allow: computes in the target type."
+    FP32 = "D", "Deny: computes in fp32."
+    UNDECIDED = "U", "Follows its neighbours; still open while the passes run."
+    NONE = "-", "Not painted: no float port follows its precision (non-float, control flow)."
 
 
 class Seed(_Code):
     """Why classification fixed a node's paint before painting starts."""
 
-    DENY = "deny"
-    """A rule, a command-line flag, a data rule or calibration keeps it fp32."""
-    ALLOW = "allow"
-    """A rule or a command-line flag forces it to low precision."""
-    SCHEMA = "schema"
-    """Its schema has no low-precision type for its tensors: fp32, but it starts no fp32 taint."""
+    DENY = "deny", "A rule, a command-line flag, a data rule or calibration keeps it fp32."
+    ALLOW = "allow", "A rule or a command-line flag forces it to low precision."
+    SCHEMA = "schema", "Its schema has no low-precision type for its tensors: fp32, but it starts no fp32 taint."
 
 
 def required_type(role: str, node_type: int | None, value_dtype: int | None) -> int | None:

@@ -7,10 +7,12 @@
   checkpoint            copied unchanged: the parameters stay fp32, with the same names
   anything else         copied unchanged
 
-and a manifest (autocast-manifest.json) of what changed. The output folder appears whole or not
-at all: everything is written into a temporary folder beside it, then renamed into place. Nothing
-outside the input folder is read (a symlink out of it is refused), no FIFO or device is opened,
-and an existing output folder is replaced only when it is this command's earlier output.
+and a manifest (autocast-manifest.json) of what changed, which lists every entry it wrote: each
+top-level name in "files", and for a folder, every path inside it in its entry's "contents". The
+output folder appears whole or not at all: everything is written into a temporary folder beside
+it, then renamed into place. Nothing outside the input folder is read (a symlink out of it is
+refused), no FIFO or device is opened, and an existing output folder is replaced only when it is
+this command's earlier output: nothing in it, at any depth, that its manifest does not list.
 """
 
 from __future__ import annotations
@@ -41,6 +43,51 @@ class ArtifactsResult:
     results: dict = field(default_factory=dict)  # file name -> ConversionResult
     copied: list = field(default_factory=list)
     manifest: dict = field(default_factory=dict)
+    pending: _Swap | None = None  # a run with hold=True: the swap that `settle` finishes
+
+    def settle(self, keep: bool) -> None:
+        """Finish a run made with hold=True, whose earlier output is still renamed aside: keep the
+        new folder (the earlier output is deleted), or undo the run (the new folder is removed
+        whole and the earlier output renamed back). A caller that fails after the run, while
+        reporting it, undoes it: either way the folder is complete, with its manifest."""
+        swap, self.pending = self.pending, None
+        if swap is None:
+            return
+        if keep:
+            swap.keep()
+        else:
+            swap.undo()
+
+
+@dataclass
+class _Swap:
+    """A new output folder renamed into place at `out_dir`, with the earlier output renamed
+    `aside` (None: there was none) and `spare`, the staging folder's name, free again."""
+
+    out_dir: Path
+    spare: Path
+    aside: Path | None
+
+    def keep(self) -> None:
+        if self.aside is not None:
+            shutil.rmtree(self.aside, ignore_errors=True)
+
+    def undo(self) -> None:
+        """Remove the new folder whole and put the earlier output back. Where a rename fails,
+        the new folder stays complete instead (all or nothing, never a folder half removed)."""
+        try:
+            os.rename(self.out_dir, self.spare)
+        except OSError:
+            self.keep()
+            return
+        if self.aside is not None:
+            try:
+                os.rename(self.aside, self.out_dir)
+            except OSError:
+                os.rename(self.spare, self.out_dir)
+                self.keep()
+                return
+        shutil.rmtree(self.spare, ignore_errors=True)
 
 
 def default_output_dir(in_dir: Path, precision: str) -> Path:
@@ -61,7 +108,7 @@ def _check_out_dir(in_dir: Path, out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise AutocastError("exists and is not a folder", str(out_dir), "choose a new -o folder")
     if out_dir.is_dir():
-        _check_earlier_output(out_dir)
+        _check_earlier_output(in_dir, out_dir)
     elif not out_dir.parent.is_dir():
         raise AutocastError("the folder it would be created in does not exist", str(out_dir), "create it first")
 
@@ -83,17 +130,21 @@ def _refuse_overlap(in_dir: Path, out_dir: Path) -> None:
         )
 
 
-def _check_earlier_output(out_dir: Path) -> None:
+def _check_earlier_output(in_dir: Path, out_dir: Path) -> None:
     """An existing -o folder is replaced only when it is empty or holds nothing but an earlier
-    output: a manifest this command wrote and the entries its "files" lists."""
-    try:
-        names = sorted(entry.name for entry in os.scandir(out_dir))
-    except OSError as exc:
-        raise AutocastError(f"cannot read the output folder: {exc.strerror or exc}", str(out_dir), "check it") from None
+    output: a manifest this command wrote and the entries it lists, at any depth (_unlisted)."""
+    names = _listing(out_dir)
     if not names:
         return
     listed = _manifest_files(out_dir)
-    foreign = [name for name in names if name != MANIFEST and name not in listed]
+    foreign = []
+    for name in names:
+        if name == MANIFEST:
+            continue
+        if name not in listed:
+            foreign.append(name)
+        elif _kind(out_dir / name) == "dir":
+            foreign += _unlisted(in_dir, out_dir, name, listed[name].get("contents"))
     if foreign:
         shown = ", ".join(f"'{name}'" for name in foreign[:3]) + (
             f" and {len(foreign) - 3} more" if foreign[3:] else ""
@@ -105,9 +156,64 @@ def _check_earlier_output(out_dir: Path) -> None:
         )
 
 
-def _manifest_files(out_dir: Path) -> set:
-    """The names the manifest of an earlier output lists; refuses a folder without one, or whose
-    manifest this command did not write."""
+def _unlisted(in_dir: Path, out_dir: Path, top: str, contents: list | None) -> list[str]:
+    """The entries inside the earlier output's folder `top` that its manifest entry does not
+    list, as paths in the output folder; a folder not listed is named, not walked. `contents`
+    lists every path inside `top`. A manifest written before it was recorded (no "contents")
+    lists only the name `top`: an entry inside is then taken as the earlier run's copy when the
+    input's folder `top` has an entry of that path and kind (file, folder, link), and anything
+    else is foreign (a file the user added, or one the input no longer has)."""
+    if contents is not None:
+        allowed = set(contents)
+
+        def known(rel: str, kind: str) -> bool:
+            return rel in allowed
+    else:
+        source = in_dir / top
+        source_is_dir = _kind(source) == "dir"
+
+        def known(rel: str, kind: str) -> bool:
+            return source_is_dir and _kind(source / rel) == kind
+
+    return [f"{top}/{rel}" for rel in _walk(out_dir / top, known)[1]]
+
+
+def _walk(folder: Path, known=None) -> tuple[list[str], list[str]]:
+    """The paths inside `folder` ('/'-separated, sorted, symlinks not followed), split by `known`
+    (rel, kind) -> bool into those it accepts and those it does not (every path is accepted
+    without it); a folder it does not accept is not walked into."""
+    accepted: list[str] = []
+    refused: list[str] = []
+    pending = [""]
+    while pending:
+        at = pending.pop()
+        for name in _listing(folder / at):
+            rel = f"{at}/{name}" if at else name
+            kind = _kind(folder / rel)
+            if known is not None and not known(rel, kind):
+                refused.append(rel)
+                continue
+            accepted.append(rel)
+            if kind == "dir":
+                pending.append(rel)
+    return sorted(accepted), sorted(refused)
+
+
+def _kind(path: Path) -> str | None:
+    """What `path` is by os.lstat (no link followed): "dir", "file", "link", "special", or None
+    when it is missing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "link"
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "special"
+
+
+def _manifest_files(out_dir: Path) -> dict:
+    """The "files" table of the manifest of an earlier output (name -> entry); refuses a folder
+    without one, or whose manifest this command did not write."""
     manifest = out_dir / MANIFEST
     if not manifest.is_file() or manifest.is_symlink():
         raise AutocastError(
@@ -119,19 +225,31 @@ def _manifest_files(out_dir: Path) -> set:
         files = json.loads(manifest.read_text(encoding="utf-8")).get("files")
     except (OSError, ValueError, AttributeError):
         files = None
-    if not isinstance(files, dict):
+    if not isinstance(files, dict) or not all(_manifest_entry(entry) for entry in files.values()):
         raise AutocastError(
             f'the output folder\'s {MANIFEST} is not one autocast-onnx wrote (no "files" table)',
             str(out_dir),
             "choose a new or empty -o folder",
         )
-    return set(files)
+    return files
 
 
-def convert_artifacts(in_dir, out_dir=None, *, check: str = "basic", loss_scale=None, **options) -> ArtifactsResult:
+def _manifest_entry(entry) -> bool:
+    """Whether `entry` is a "files" entry as this command writes them: an object whose
+    "contents", where present, is a list of paths."""
+    if not isinstance(entry, dict):
+        return False
+    contents = entry.get("contents", [])
+    return isinstance(contents, list) and all(isinstance(rel, str) for rel in contents)
+
+
+def convert_artifacts(
+    in_dir, out_dir=None, *, check: str = "basic", loss_scale=None, hold: bool = False, **options
+) -> ArtifactsResult:
     """Convert an artifacts folder into `out_dir` (default: IN_DIR.<precision> beside it). The
     options are those of pipeline.convert (precision, rules, exclude_ops, ...); `loss_scale`
-    applies to training_model.onnx."""
+    applies to training_model.onnx. `hold`: the earlier output stays renamed aside until the
+    caller calls `result.settle(keep)` (see process_folder)."""
     from ..pipeline import convert_file
 
     in_dir = Path(in_dir)
@@ -161,15 +279,17 @@ def convert_artifacts(in_dir, out_dir=None, *, check: str = "basic", loss_scale=
             "master_weights": "fp32 (parameters stay fp32 graph inputs; checkpoint and optimizer unchanged)",
         }
 
-    process_folder(in_dir, out_dir, convert_one, result, head)
+    process_folder(in_dir, out_dir, convert_one, result, head, hold=hold)
     return result
 
 
-def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult, head) -> None:
+def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult, head, hold: bool = False) -> None:
     """Write `out_dir` from the artifacts folder `in_dir`: `handle(source, target)` writes each
     of the two models and returns its manifest entry; every other file is copied. All or
     nothing: the input is checked whole first (symlinks, special files), then everything is
-    staged in a temporary folder beside `out_dir` and renamed into place at the end."""
+    staged in a temporary folder beside `out_dir` and renamed into place at the end. With
+    `hold`, an earlier output renamed aside is kept until `result.settle(keep)`: a caller that
+    fails after this returns (while it reports the run) can still undo the run whole."""
     from .. import __version__
     from ..io import _umask
 
@@ -195,8 +315,12 @@ def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult,
             "files": files,
         }
         (staging / MANIFEST).write_text(json.dumps(result.manifest, indent=1) + "\n", encoding="utf-8")
-        _swap_in(staging, out_dir)
+        swap = _Swap(out_dir, staging, _swap_in(staging, out_dir))
         staging = None
+        if hold:
+            result.pending = swap
+        else:
+            swap.keep()
     except OSError as exc:
         raise AutocastError(
             f"cannot write output: {exc.strerror or exc}", str(out_dir), "check free space and permissions"
@@ -210,7 +334,8 @@ def _stage(in_dir: Path, staging: Path, entries: list, handle, result: Artifacts
     """Write the scanned entries into `staging`: the models first (by `handle`, with what it
     writes beside them: their external data), then a copy of the rest, except what a model's
     conversion wrote (the input's external data of that model is replaced, never copied over
-    it) and the input's own manifest. Returns the manifest's "files" table (top-level names)."""
+    it) and the input's own manifest. Returns the manifest's "files" table: top-level names,
+    each folder's entry with the "contents" written into it (every path inside, at any depth)."""
     files: dict[str, dict] = {}
     for entry in entries:
         if entry.kind == "model":
@@ -227,6 +352,9 @@ def _stage(in_dir: Path, staging: Path, entries: list, handle, result: Artifacts
         if top == entry.rel:
             result.copied.append(entry.rel)
             files[entry.rel] = {"action": "copied unchanged"}
+    for name, listed in files.items():
+        if _kind(staging / name) == "dir":
+            listed["contents"] = _walk(staging / name)[0]
     return dict(sorted(files.items()))
 
 
@@ -238,9 +366,10 @@ def _out_path(out_dir: Path) -> Path:
     return out_dir.parent.resolve() / out_dir.name
 
 
-def _swap_in(staging: Path, out_dir: Path) -> None:
+def _swap_in(staging: Path, out_dir: Path) -> Path | None:
     """Rename the staged folder to `out_dir`. A folder already there is renamed aside first and
-    deleted only once the new one is in place; if the rename in fails, it is renamed back."""
+    returned, to be deleted once the run is settled (_Swap); if the rename in fails, it is
+    renamed back."""
     aside = None
     if os.path.lexists(out_dir):
         aside = staging.with_name(staging.name + ".old")  # unique: the staging name is
@@ -251,8 +380,7 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
         if aside is not None:
             os.rename(aside, out_dir)
         raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    return aside
 
 
 @dataclass(frozen=True)
