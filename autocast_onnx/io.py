@@ -88,7 +88,13 @@ def load_model(
         size, left = _parse_file(path, model, leave_in_file and not load_external, prepared)
     except OSError as exc:
         raise AutocastError(f"cannot read file: {exc.strerror}", where, "check its permissions") from None
-    except (DecodeError, RuntimeError, ValueError, RecursionError):
+    except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, RecursionError) or _TOO_DEEP.search(str(exc)):
+            raise AutocastError(
+                "nested deeper than protobuf reads (100 message levels: If/Loop/Scan bodies about 31 deep)",
+                where,
+                "nest fewer subgraphs inside each other, or re-export the model",
+            ) from None
         raise AutocastError(
             "not an ONNX model (protobuf parse failed: truncated or corrupted?)",
             where,
@@ -110,6 +116,10 @@ def load_model(
     loaded.external_data = bool(files)
     loaded.external_files = sorted(files)
     return loaded
+
+
+# a parse stopped by protobuf's nesting limit, in the words of its backends (upb, pure Python)
+_TOO_DEEP = re.compile(r"MaxDepth|levels of nesting")
 
 
 def check_model_path(path: str | os.PathLike) -> Path:
@@ -599,7 +609,7 @@ def _refuse_folder_spelling(flag: str, path) -> None:
     shown = os.path.join(os.fspath(path).rstrip("".join(_SEPARATORS)) or os.sep, "")
     if os.path.isdir(path):
         raise AutocastError("output path is a folder", shown, f"give {flag} a file name")
-    if os.path.lexists(path):
+    if os.path.lexists(shown.rstrip("".join(_SEPARATORS)) or os.sep):  # 'file/' itself reads as missing
         raise AutocastError(
             "output path ends in a separator but is not a folder",
             shown,

@@ -561,9 +561,11 @@ def convert_file(
         options["plan"] = plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         precision = plan.target.value
     check_model_path(in_path)  # not found, a directory, a device or FIFO: refused before anything reads it
-    out_path = Path(out_path) if out_path else default_output_path(in_path, precision)
-    check_outputs([("-o", out_path), ("--plan-out", plan_out)], [in_path], models=["-o"])
-    check_output_path(out_path, in_path)
+    # checked as given: Path() drops the separator of 'out/', a file output spelled as a folder
+    given = out_path if out_path else default_output_path(in_path, precision)
+    check_outputs([("-o", given), ("--plan-out", plan_out)], [in_path], models=["-o"])
+    check_output_path(given, in_path)
+    out_path = Path(given)
     start = time.perf_counter()
     # the data rules' weight screen, in a worker that parses the file beside this process
     screen = (

@@ -4,9 +4,18 @@ bad input, so it raises InternalCheckError and is never hidden.
 onnxruntime-training writes a few of its own ops into the default domain (MaxPoolGrad,
 AveragePoolGrad, SparseSoftmaxCrossEntropy(Grad)), which onnx.checker rejects even in the input.
 Such a model is checked with those nodes moved to a domain the checker leaves alone, so that
-everything else is still checked."""
+everything else is still checked.
+
+The input check (graph/sanity.py) accepts two things onnx.checker refuses: a main-graph input or
+output with a type but no shape (which ONNX Runtime runs), and a graph without a name. The
+rewrite keeps them as they are, so the output check refuses them no more than the input check
+does: a model the checker refuses for them has its structure checked on a copy with those
+shapes made empty and the graphs named, and (full check) its shapes and types inferred as it is,
+where an empty shape would declare rank 0. Every other defect still fails."""
 
 from __future__ import annotations
+
+import re
 
 import onnx
 
@@ -15,6 +24,8 @@ from ..io import Pieces, all_graphs
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
 _ORT_DOMAIN = "com.microsoft"
+# what the input check tolerates (graph/sanity.py, its checker stand-in), in the checker's words
+_INPUT_TOLERATED = re.compile(r"Field 'shape' of 'type' is required|Field 'name' of 'graph'")
 
 
 def check_result(model: onnx.ModelProto | bytes | Pieces, full: bool = True, stand_in: bytes | None = None) -> None:
@@ -36,23 +47,73 @@ def check_result(model: onnx.ModelProto | bytes | Pieces, full: bool = True, sta
     try:
         onnx.checker.check_model(model, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        patched = _ort_default_domain_ops_moved(model) or _sparse_made_dense(model)
-        if patched is not None:
-            return check_result(patched, full)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InternalCheckError(f"the converted model fails onnx.checker: {first}") from exc
+        _check_again(model, exc, full)
 
 
 def check_file(path, full: bool = True) -> None:
+    """onnx.checker on the written model at `path` (one too large to check in memory, or one
+    whose weights are in external data), with the same allowances as check_result."""
     try:
         onnx.checker.check_model(str(path), full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        loaded = onnx.load(str(path), load_external_data=False)
-        patched = _ort_default_domain_ops_moved(loaded) or _sparse_made_dense(loaded)
-        if patched is not None:
-            return check_result(patched, full)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InternalCheckError(f"the converted model fails onnx.checker: {first}") from exc
+        _check_again(onnx.load(str(path), load_external_data=False), exc, full)
+
+
+def _check_again(model, exc: Exception, full: bool) -> None:
+    """After the checker refused `model` with `exc`: check a copy without what it refused that the
+    tool accepts (see the module's docstring), or raise InternalCheckError when the refusal is
+    real. Each copy is checked the same way, which finds the next such thing, if any."""
+    if _INPUT_TOLERATED.search(str(exc)):
+        filled = _shapes_and_names_filled(model)
+        if filled is not None:
+            check_result(filled, full=False)
+            if full:  # on the model as it is: an empty shape in the copy would declare rank 0
+                _check_inference(model)
+            return
+    patched = _ort_default_domain_ops_moved(model) or _sparse_made_dense(model)
+    if patched is None:
+        raise _failure(exc) from exc
+    check_result(patched, full)
+
+
+def _check_inference(model) -> None:
+    """The full check's shape and type inference (strict, types checked) without the structural
+    check, for a model whose structure was checked on a copy; ONNX Runtime's default-domain ops
+    and sparse initializers are allowed for as in check_result."""
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        patched = _ort_default_domain_ops_moved(model) or _sparse_made_dense(model)
+        if patched is None:
+            raise _failure(exc) from exc
+        _check_inference(patched)
+
+
+def _failure(exc: Exception) -> InternalCheckError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return InternalCheckError(f"the converted model fails onnx.checker: {first}")
+
+
+def _shapes_and_names_filled(model) -> onnx.ModelProto | None:
+    """A copy for the structural check, where each main-graph input and output with a tensor type
+    but no shape has an empty one (which declares rank 0: not for shape inference) and each graph
+    without a name has one, or None when there is neither: what the input check lets through
+    (graph/sanity.py) is let through here too, and nothing else. Subgraph inputs and outputs
+    need no shape (the checker asks it of the main graph's only)."""
+    if isinstance(model, bytes):
+        model = onnx.ModelProto.FromString(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    changed = False
+    for value in [*copy.graph.input, *copy.graph.output]:
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+            value.type.tensor_type.shape.SetInParent()
+            changed = True
+    for graph in all_graphs(copy.graph):
+        if not graph.name:
+            graph.name = "main" if graph is copy.graph else "subgraph"
+            changed = True
+    return copy if changed else None
 
 
 def _sparse_made_dense(model) -> onnx.ModelProto | None:

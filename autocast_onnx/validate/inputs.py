@@ -29,6 +29,7 @@ class InputSpec:
     dims: list  # int, str (symbolic) or None (unknown)
     vocab: int | None = None  # size of the embedding table the input indexes, when found
     ranked: bool = True  # False when the model declares no shape (then any rank is taken)
+    sequence: bool = False  # a sequence of tensors (elem_type and dims are its tensors')
 
 
 @dataclass
@@ -53,12 +54,41 @@ def describe_inputs(model: onnx.ModelProto) -> list[InputSpec]:
     for vi in model.graph.input:
         if vi.name in inits:
             continue
-        t = vi.type.tensor_type
+        t, sequence = _tensor_type(vi)
         dims = []
         for d in t.shape.dim:
             dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
-        specs.append(InputSpec(vi.name, t.elem_type, dims, _vocab(vi.name, consumers, tables), t.HasField("shape")))
+        vocab = _vocab(vi.name, consumers, tables)
+        specs.append(InputSpec(vi.name, t.elem_type, dims, vocab, t.HasField("shape"), sequence))
     return specs
+
+
+def _tensor_type(vi: onnx.ValueInfoProto) -> tuple[onnx.TypeProto.Tensor, bool]:
+    """The tensor type of an input that takes tensors, and whether it takes a sequence of them:
+    a tensor, a sequence of tensors, or either made optional (given here). Refuses the others (a
+    map, a sparse tensor, a sequence of sequences), which validation cannot produce."""
+    type_proto, sequence = vi.type, False
+    if type_proto.HasField("optional_type"):
+        type_proto = type_proto.optional_type.elem_type
+    if type_proto.HasField("sequence_type"):
+        type_proto, sequence = type_proto.sequence_type.elem_type, True
+    if type_proto.HasField("tensor_type"):
+        return type_proto.tensor_type, sequence
+    raise AutocastError(
+        f"input '{vi.name}' is a {_type_words(vi.type)}, which validation can neither generate nor read from an .npz",
+        None,
+        "validate a model whose inputs are tensors or sequences of tensors",
+    )
+
+
+def _type_words(type_proto: onnx.TypeProto) -> str:
+    """A type in the words of ONNX Runtime's input types: seq(tensor), optional(map), ..."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"seq({_type_words(type_proto.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_words(type_proto.optional_type.elem_type)})"
+    return {"tensor_type": "tensor", "sparse_tensor_type": "sparse_tensor", "map_type": "map"}.get(kind or "", "?")
 
 
 def _vocab(name, consumers, tables, depth=0):
@@ -101,15 +131,17 @@ def parse_assignments(items, what: str, kind=int) -> dict:
 
 
 def parse_ranges(items) -> dict:
+    """NAME=LO:HI pairs (--input-range) -> {NAME: (LO, HI)}, finite numbers with HI > LO."""
     out = {}
     for item in items:
-        m = re.fullmatch(r"\s*([^=]+?)\s*=\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*", item)
-        if not m:
+        parts = _range_parts(item)
+        if parts is None:
             raise AutocastError(
                 f"--input-range needs NAME=LO:HI, got {item!r}", "--input-range", "e.g. input_ids=0:30522"
             )
+        name, lo_text, hi_text = parts
         try:
-            lo, hi = float(m.group(2)), float(m.group(3))
+            lo, hi = float(lo_text), float(hi_text)
         except ValueError:
             raise AutocastError(
                 f"--input-range {item!r}: LO and HI must be numbers", "--input-range", "e.g. input_ids=0:30522"
@@ -120,8 +152,29 @@ def parse_ranges(items) -> dict:
             )
         if not hi > lo:
             raise AutocastError(f"--input-range {item!r}: HI must be greater than LO", "--input-range", "swap them")
-        out[m.group(1)] = (lo, hi)
+        out[name] = (lo, hi)
     return out
+
+
+def _range_parts(item: str) -> tuple[str, str, str] | None:
+    """NAME, LO and HI of `NAME=LO:HI`, each stripped of whitespace, or None when `item` is not of
+    that form: one '=' after a name that is not blank, then LO ':' HI made of digits, '.', 'e',
+    'E', '+' and '-' (float() judges them). Split, not matched by a regex: linear in the length
+    of the argument, however it is made."""
+    name, sep, values = item.partition("=")
+    lo, colon, hi = values.partition(":")
+    name, lo, hi = name.strip(), lo.strip(), hi.strip()
+    if not (sep and colon and name and _number_like(lo) and _number_like(hi)):
+        return None
+    return name, lo, hi
+
+
+_NUMBER_CHARS = frozenset(".eE+-")
+
+
+def _number_like(text: str) -> bool:
+    """Not empty and made of decimal digits (any script's, as float() reads them) and . e E + -."""
+    return bool(text) and all(ch.isdecimal() or ch in _NUMBER_CHARS for ch in text)
 
 
 def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict | None = None) -> InputPlan:
@@ -208,49 +261,90 @@ def check_generated_size(plan: InputPlan) -> None:
     """Refuse generated inputs of more than GENERATED_LIMIT bytes per batch, before allocating."""
     total: float = 0
     for spec in plan.specs:
-        shape = _shape(spec, plan.dims)
-        total += np.prod(shape, dtype=np.float64) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
+        total += _elements(spec, plan.dims) * np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type)).itemsize
     if total > GENERATED_LIMIT:
-        biggest = max(plan.specs, key=lambda s: np.prod(_shape(s, plan.dims), dtype=np.float64))
+        biggest = max(plan.specs, key=lambda s: _elements(s, plan.dims))
         raise AutocastError(
             f"generated inputs would take {total / 2**30:.3g} GiB (input '{biggest.name}' has shape "
-            f"{list(_shape(biggest, plan.dims))})",
+            f"{list(_shape(biggest, plan.dims))}{' in each tensor of its sequence' if biggest.sequence else ''})",
             "--inputs",
             "set smaller symbolic dimensions with --dim, or pass your own batches with --inputs",
         )
 
 
+def _elements(spec: InputSpec, dims: dict) -> float:
+    """Elements generated for the input (every tensor of a sequence), as a float: no overflow."""
+    return float(np.prod(_shape(spec, dims), dtype=np.float64)) * (SEQUENCE_LENGTH if spec.sequence else 1)
+
+
 SEED_LIMIT = 2**32  # numpy seeds: 0 <= seed < 2**32 (the CLI's --seed range)
 
 
+SEQUENCE_LENGTH = 2  # tensors in a generated sequence input
+
+
+class SequenceFeed(list):
+    """A generated sequence input: a list of arrays of one shape and type, which ONNX Runtime takes
+    for a sequence input. It answers what validation asks of an array feed as the array of its
+    tensors stacked would (size, ndim, shape, dtype, astype: each tensor cast), so that it goes
+    wherever one goes."""
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self[0].dtype
+
+    @property
+    def shape(self) -> tuple:
+        return (len(self), *self[0].shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return sum(t.size for t in self)
+
+    def astype(self, dtype) -> SequenceFeed:
+        return SequenceFeed(t.astype(dtype) for t in self)
+
+
 def generate(plan: InputPlan, seed: int = 0) -> dict:
-    """One batch of realistic inputs."""
+    """One batch of realistic inputs: an array for each tensor input, a SequenceFeed of
+    SEQUENCE_LENGTH arrays for each sequence input."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise AutocastError(f"seed must be a whole number >= 0, not {seed!r}", "--seed", "e.g. --seed 0")
     rng = np.random.default_rng(seed)
     check_generated_size(plan)
-    feeds = {}
+    feeds: dict = {}
     for spec in plan.specs:
         shape = _shape(spec, plan.dims)
-        np_type = helper.tensor_dtype_to_np_dtype(spec.elem_type)
-        lo_hi = plan.ranges.get(spec.name)
-        lname = spec.name.lower()
-        if spec.elem_type == TensorProto.BOOL:
-            feeds[spec.name] = rng.random(shape) < 0.5
-        elif np.issubdtype(np_type, np.integer):
-            if "mask" in lname and lo_hi is None:
-                feeds[spec.name] = attention_mask(shape).astype(np_type)
-            else:
-                lo, hi = lo_hi if lo_hi else (0, spec.vocab if spec.vocab else 2 if "type" in lname else 100)
-                feeds[spec.name] = rng.integers(int(lo), int(hi), size=shape).astype(np_type)
+        if spec.sequence:
+            feeds[spec.name] = SequenceFeed(_tensor(spec, shape, plan, rng) for _ in range(SEQUENCE_LENGTH))
         else:
-            if "mask" in lname and lo_hi is None:
-                feeds[spec.name] = attention_mask(shape).astype(np_type)
-            elif lo_hi:
-                feeds[spec.name] = rng.uniform(lo_hi[0], lo_hi[1], size=shape).astype(np_type)
-            else:
-                feeds[spec.name] = rng.standard_normal(shape).astype(np_type)
+            feeds[spec.name] = _tensor(spec, shape, plan, rng)
     return feeds
+
+
+def _tensor(spec: InputSpec, shape: tuple, plan: InputPlan, rng: np.random.Generator) -> np.ndarray:
+    """One generated array for `spec`: an ndarray of its type even of rank 0 (numpy gives some
+    draws of shape () as scalars, which ONNX Runtime refuses as feeds)."""
+    np_type = helper.tensor_dtype_to_np_dtype(spec.elem_type)
+    lo_hi = plan.ranges.get(spec.name)
+    lname = spec.name.lower()
+    value: np.ndarray
+    if spec.elem_type == TensorProto.BOOL:
+        value = rng.random(shape) < 0.5
+    elif "mask" in lname and lo_hi is None:
+        value = attention_mask(shape)
+    elif np.issubdtype(np_type, np.integer):
+        lo, hi = lo_hi if lo_hi else (0, spec.vocab if spec.vocab else 2 if "type" in lname else 100)
+        value = rng.integers(int(lo), int(hi), size=shape)
+    elif lo_hi:
+        value = rng.uniform(lo_hi[0], lo_hi[1], size=shape)
+    else:
+        value = rng.standard_normal(shape)
+    return np.asarray(value).astype(np_type)
 
 
 def attention_mask(shape: tuple) -> np.ndarray:
@@ -432,14 +526,27 @@ def _check_inflated_size(f: Path, members: dict[str, _Member], names: dict) -> N
 def check_batches(path: str | Path, specs: list[InputSpec]) -> None:
     """Refuse unusable --inputs / --calibration-data before any work, reading only the headers:
     a missing file or array, an array that is not numbers, of the wrong rank or size."""
+    _refuse_sequences(path, specs)
     names = {s.name: s for s in specs}
     for f in _batch_files(path):
         _check_headers(f, names)
 
 
+def _refuse_sequences(path: str | Path, specs: list[InputSpec]) -> None:
+    """An .npz holds arrays only: a model with a sequence input cannot take its batches."""
+    sequences = [s.name for s in specs if s.sequence]
+    if sequences:
+        raise AutocastError(
+            f"input '{sequences[0]}' takes a sequence of tensors, which an .npz archive cannot hold",
+            str(path),
+            "leave the batches out: validation generates sequence inputs",
+        )
+
+
 def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
     """Batches from one .npz file or a directory of them (sorted by name); every array is
     checked (from its header) before any is loaded."""
+    _refuse_sequences(path, specs)
     names = {s.name: s for s in specs}
     batches = []
     for f in _batch_files(path):

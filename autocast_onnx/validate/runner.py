@@ -92,13 +92,20 @@ _NUMPY_OF = {
 
 
 def feeds_for(sess, feeds: dict) -> dict:
-    """`feeds` cast to the element types the session declares for its inputs."""
+    """`feeds` cast to the element types the session declares for its inputs (each tensor of a
+    sequence input, which inputs.SequenceFeed casts)."""
     out = {}
     for spec in sess.get_inputs():
         value = feeds[spec.name]
-        want = _NUMPY_OF.get(spec.type)
+        want = _NUMPY_OF.get(_element_type(spec.type))
         out[spec.name] = value.astype(want) if want is not None and value.dtype != want else value
     return out
+
+
+def _element_type(type_text: str) -> str:
+    """The tensor type of an input type as ONNX Runtime writes it: seq(tensor(float)) ->
+    tensor(float); a tensor type as it is."""
+    return type_text[len("seq(") : -1] if type_text.startswith("seq(") else type_text
 
 
 def run(sess, feeds: dict) -> list[np.ndarray]:
@@ -115,7 +122,8 @@ def run(sess, feeds: dict) -> list[np.ndarray]:
 
 def latency(sess, feeds: dict, device: str, iterations: int, warmup: int) -> dict:
     """Seconds per run over `iterations` runs after `warmup` runs."""
-    if device == "cuda":
+    if device == "cuda" and all(isinstance(value, np.ndarray) for value in feeds.values()):
+        # (a sequence input, a list, cannot be bound: such a model is timed with plain runs)
         binding = sess.io_binding()
         for name, value in feeds.items():
             binding.bind_ortvalue_input(name, ort().OrtValue.ortvalue_from_numpy(value, "cuda", 0))
