@@ -22,6 +22,8 @@ from . import signatures
 log = logging.getLogger(__name__)
 
 NONTENSOR = -1  # sequences, maps, optionals: never converted
+# Type strings of values that are not tensors (a schema's concrete port type or allowed types).
+_CONTAINER_TYPES = ("seq(", "map(", "optional(", "sparse_tensor(")
 GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling", "WhisperBeamSearch"}
 KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"}
 # Deepest body nesting (the main graph is level 0) whose bodies protobuf can still read back with
@@ -36,6 +38,7 @@ class Value:
         "consumers",
         "declared",
         "dtype",
+        "elem",
         "graph_outputs",
         "initializer",
         "kind",
@@ -50,6 +53,8 @@ class Value:
         self.scope = scope
         self.kind = kind  # "input", "initializer", "node"
         self.dtype = dtype  # onnx elem type, NONTENSOR, or None if unknown
+        # NONTENSOR values: the element type of a sequence of tensors or an optional tensor, when known
+        self.elem: int | None = None
         self.producer = producer
         self.out_port = out_port
         self.consumers: list | tuple = []  # (Node, input port); a tuple once the index is built
@@ -108,6 +113,7 @@ class Scope:
         "sorted",
         "sparse",
         "typed",
+        "value_elem",
         "value_info",
         "values",
     )
@@ -130,6 +136,7 @@ class Scope:
         self.order: list[Node] | None = None  # set by GraphIndex._order_and_type_all
         self.sorted = True
         self.value_info = {}
+        self.value_elem: dict[str, int | None] = {}  # declared sequences and optionals: their tensors' type
         self.typed = False
 
     def resolve(self, name):
@@ -194,6 +201,8 @@ class GraphIndex:
         graph, values = scope.graph, scope.values
         for vi in graph.input:
             value = Value(vi.name, scope, "input", _type_of(vi))
+            if value.dtype == NONTENSOR:
+                value.elem = _elem_of(vi)
             values[vi.name] = value
             scope.inputs.append(value)
         from ..io import external_location
@@ -220,6 +229,9 @@ class GraphIndex:
         for vi in graph.output:
             if vi.name not in scope.value_info:
                 scope.value_info[vi.name] = _type_of(vi)
+        for vi in (*graph.value_info, *graph.output):
+            if scope.value_info.get(vi.name) == NONTENSOR and vi.name not in scope.value_elem:
+                scope.value_elem[vi.name] = _elem_of(vi)
 
     def _declare_constant(self, scope: Scope, name: str, tensor: TensorProto) -> None:
         """The Value of an initializer (`tensor`), or the default of the graph input it is named
@@ -451,6 +463,8 @@ class GraphIndex:
                     dtype = node.scope.value_info.get(value.name)
                     value.declared = dtype is not None
                 value.dtype = dtype
+                if dtype == NONTENSOR and value.elem is None:
+                    value.elem = _container_elem(node, value)
             port += 1
 
     def _bind_outputs(self, scope: Scope) -> None:
@@ -562,6 +576,8 @@ class GraphIndex:
                     dtype = declared.get(value.name)
                     value.declared = dtype is not None
                 value.dtype = dtype
+                if dtype == NONTENSOR and value.elem is None:
+                    value.elem = _container_elem(node, value)
 
     def _infer_output(self, node: Node, port: int):
         op = node.op
@@ -610,6 +626,8 @@ class GraphIndex:
         param = sig.output_param(port)
         if param is None:
             return ()
+        if container_param(sig, param):
+            return NONTENSOR  # a sequence, map, optional or sparse tensor: no element type of its own
         allowed = sig.allowed(param)
         if allowed is not None and len(allowed) == 1:
             return next(iter(allowed))
@@ -658,6 +676,40 @@ def _type_of(value_info) -> int | None:
     if which is None:
         return None
     return NONTENSOR
+
+
+def _elem_of(value_info) -> int | None:
+    """The element type of the tensors in a declared sequence of tensors or optional tensor (None
+    for other types, or when it is not given)."""
+    t = value_info.type
+    which = t.WhichOneof("value")
+    if which == "sequence_type":
+        inner = t.sequence_type.elem_type
+    elif which == "optional_type":
+        inner = t.optional_type.elem_type
+    else:
+        return None
+    return (inner.tensor_type.elem_type or None) if inner.WhichOneof("value") == "tensor_type" else None
+
+
+def container_param(sig, param: str | None) -> bool:
+    """Whether a port of type `param` holds no tensor but a sequence, map, optional or sparse
+    tensor: a type parameter that admits no tensor type, or such a concrete type. The element type
+    of such a value is never changed, so neither is that of the tensors that go in or come out."""
+    if sig is None or param is None:
+        return False
+    if param in sig.params:
+        return not sig.params[param]
+    return param.startswith(_CONTAINER_TYPES)
+
+
+def _container_elem(node: Node, value: Value) -> int | None:
+    """The element type of a container output that its op's typing rule left open: as declared,
+    or, for Identity, its input's."""
+    elem = node.scope.value_elem.get(value.name)
+    if elem is None and node.op == "Identity" and node.inputs and node.inputs[0] is not None:
+        elem = node.inputs[0].elem
+    return elem
 
 
 _FALLTHROUGH = object()
@@ -719,19 +771,76 @@ def _cast_like(node, port):
 
 
 def _body_output(offset):
+    """If, Loop, Scan: output `port` has the type of body output `port + offset` (a sequence's
+    element type too, recorded on the node's output)."""
+
     def infer(node, port):
         for sub in node.subscopes:
             if sub.attr_name in ("then_branch", "body"):
                 k = port + offset
                 if k < len(sub.outputs):
-                    return (
-                        sub.outputs[k].dtype
-                        if sub.outputs[k].dtype is not None
-                        else sub.value_info.get(sub.outputs[k].name)
-                    )
+                    inner = sub.outputs[k]
+                    dtype = inner.dtype if inner.dtype is not None else sub.value_info.get(inner.name)
+                    if dtype == NONTENSOR and node.outputs[port] is not None:
+                        node.outputs[port].elem = (
+                            inner.elem if inner.elem is not None else sub.value_elem.get(inner.name)
+                        )
+                    return dtype
         return None
 
     return infer
+
+
+def _elem_in(node, i: int) -> int | None:
+    """The element type held by container input `i` (None if unknown or absent)."""
+    if i < len(node.inputs) and node.inputs[i] is not None and node.inputs[i].dtype == NONTENSOR:
+        return node.inputs[i].elem
+    return None
+
+
+def _tensor_in(node, i: int) -> int | None:
+    """The element type of tensor input `i` (None if unknown, absent or not a tensor)."""
+    dtype = _input_dtype(node, i)
+    return None if dtype == NONTENSOR else dtype
+
+
+def _element_out(node, port):
+    """SequenceAt, ConcatFromSequence: a tensor of the sequence's element type."""
+    return _elem_in(node, 0)
+
+
+def _optional_get(node, port):
+    """OptionalGetElement: the optional's tensor, or (opset 18) the tensor it is given as it is.
+    An optional holding a sequence has no element type here: the output falls back to its
+    declared type."""
+    return _elem_in(node, 0) if _input_dtype(node, 0) == NONTENSOR else _input_dtype(node, 0)
+
+
+def _container_out(elem_of):
+    """Sequence and optional builders: the output is a container (NONTENSOR) whose element type
+    `elem_of(node)` gives, recorded on the output value."""
+
+    def infer(node, port):
+        value = node.outputs[port]
+        if value is not None:
+            value.elem = elem_of(node)
+        return NONTENSOR
+
+    return infer
+
+
+def _optional_elem(node) -> int | None:
+    if node.inputs:
+        return _tensor_in(node, 0)
+    attr = _attr(node, "type")
+    if attr is not None and attr.tp.WhichOneof("value") == "tensor_type":
+        return attr.tp.tensor_type.elem_type or None
+    return None
+
+
+def _sequence_empty_elem(node) -> int | None:
+    attr = _attr(node, "dtype")
+    return attr.i if attr is not None else TensorProto.FLOAT
 
 
 def _quantize(node, port):
@@ -771,6 +880,17 @@ _SPECIAL = {
     "Loop": _body_output(1),
     "Scan": _body_output(0),
     "QuantizeLinear": _quantize,
+    # sequences and optionals: a container's element type is tracked through the ops that fill
+    # and empty it (Value.elem), so the tensors taken out of it are typed
+    "SequenceAt": _element_out,
+    "ConcatFromSequence": _element_out,
+    "OptionalGetElement": _optional_get,
+    "SequenceConstruct": _container_out(lambda node: _tensor_in(node, 0)),
+    "SplitToSequence": _container_out(lambda node: _tensor_in(node, 0)),
+    "SequenceInsert": _container_out(lambda node: _elem_in(node, 0) or _tensor_in(node, 1)),
+    "SequenceErase": _container_out(lambda node: _elem_in(node, 0)),
+    "SequenceEmpty": _container_out(_sequence_empty_elem),
+    "Optional": _container_out(_optional_elem),
 }
 
 

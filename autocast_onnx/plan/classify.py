@@ -13,7 +13,8 @@ import numpy as np
 from ..catalog import RuleSet
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
-from ..graph import GraphIndex, Value, signatures
+from ..graph import NONTENSOR, GraphIndex, Value, signatures
+from ..graph.index import container_param
 from ..hazards import PASS_ON_OPS, fp16_lost, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
@@ -199,8 +200,10 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
             tmpl = templates.get(key)
             if tmpl is None:
                 tmpl = templates[key] = _template(index, rules, domain, op, len(ins), len(outs), target_type)
-            known = by_signature[signature] = (*_roles_of(tmpl, cat, op == "Cast" and domain == "", signature), tmpl)
-        ri, ro, unknown, (t_in, t_out, pins_in, pins_out) = known
+            container = holds_container(signatures.lookup(domain, op, index.opset(domain)), signature[3], signature[4])
+            roles = _roles_of(tmpl, cat, op == "Cast" and domain == "", signature, container)
+            known = by_signature[signature] = (*roles, container and cat != _CONTROL, tmpl)
+        ri, ro, unknown, container, (t_in, t_out, pins_in, pins_out) = known
         roles_in[nid] = ri
         roles_out[nid] = ro
         unplanned = cat in _UNPLANNED
@@ -223,6 +226,8 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
                 )
             )
             continue
+        if container and (_OWN in ri or _OWN in ro):
+            reasons[nid].append(_CONTAINER_REASON)
         if unplanned:
             continue
         if _FOLLOW not in ri and _FOLLOW not in ro:
@@ -245,13 +250,45 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
 
 
 _ABSENT = -2  # an optional port left empty (a tensor of unknown type has dtype None)
+_CONTAINER_REASON = Reason(
+    "container",
+    "its float tensors go into or come out of a sequence or optional, whose element type the conversion never "
+    "changes: they keep their types, with a cast where a neighbour computes in another type",
+)
 
 
-def _roles_of(template, cat: str, is_cast: bool, signature: tuple) -> tuple[str, str, bool]:
+def holds_container(sig, in_types, out_types) -> bool:
+    """Whether a node reads or writes a sequence, map, optional or sparse tensor: a port's value
+    is not a tensor (NONTENSOR), or its op's schema says so. Its float tensors keep their types
+    (PortRole.OWN), as a control-flow node's do: their element type is the container's, which
+    nothing converts. The one rule classification and plan replay share."""
+    if NONTENSOR in in_types or NONTENSOR in out_types:
+        return True
+    if sig is None:
+        return False
+    for types, param_of in ((in_types, sig.input_param), (out_types, sig.output_param)):
+        for k, dt in enumerate(types):
+            if dt != _ABSENT and container_param(sig, param_of(k)):
+                return True
+    return False
+
+
+def node_holds_container(node, sig) -> bool:
+    """holds_container for an indexed node (plan replay checks a plan's roles with it)."""
+    return holds_container(
+        sig,
+        tuple(_ABSENT if v is None else v.dtype for v in node.inputs),
+        tuple(_ABSENT if v is None else v.dtype for v in node.outputs),
+    )
+
+
+def _roles_of(template, cat: str, is_cast: bool, signature: tuple, container: bool) -> tuple[str, str, bool]:
     """The PortRole codes of a node's inputs and outputs from its op's template, its category and
-    its tensors' types (signature[3], signature[4]), and whether a float port has an unknown type."""
+    its tensors' types (signature[3], signature[4]), and whether a float port has an unknown type.
+    The float ports of a control-flow node, and of a node that reads or writes a container
+    (`container`, from holds_container), keep their types."""
     t_in, t_out = template[0], template[1]
-    control = cat == _CONTROL
+    control = cat == _CONTROL or container
     unplanned = cat in _UNPLANNED
     roles_in = "".join(_role(dt, t_in[i], control, unplanned) for i, dt in enumerate(signature[3]))
     roles_out = "".join(

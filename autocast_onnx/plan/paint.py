@@ -315,12 +315,7 @@ def _last_codes(state: _State) -> list[str | None]:
         if p == _OPEN:
             out.append("unchanged")
             continue
-        cat = c.categories[i]
-        if (
-            (p not in (_LOW, _FP32) or c.frozen[i])
-            and cat not in (Category.NON_FLOAT, Category.CONTROL_FLOW)
-            and not c.frozen[i]
-        ):
+        if _no_float(c, i, p):
             out.append("no-float")
             continue
         why = state.cause[i]
@@ -332,6 +327,16 @@ def _last_codes(state: _State) -> list[str | None]:
             reasons = c.reasons[i]
             out.append(reasons[-1].code if reasons else None)
     return out
+
+
+def _no_float(c: Classification, i: int, p: str) -> bool:
+    """Whether node `i` (painted `p`, not undecided) is planned for want of a float tensor that
+    follows it: nothing painted it, nothing froze it, and no reason of its own says why (a
+    non-float op, control flow, a node whose tensors keep a sequence's or optional's type)."""
+    if p in (_LOW, _FP32) or c.frozen[i] or c.categories[i] in (Category.NON_FLOAT, Category.CONTROL_FLOW):
+        return False
+    reasons = c.reasons[i]
+    return not (reasons and reasons[-1].code == "container")
 
 
 def _node_plans(state: _State, precisions: list) -> list[NodePlan]:
@@ -362,11 +367,7 @@ def _node_plans(state: _State, precisions: list) -> list[NodePlan]:
                     f"not fed by a low-precision node and nothing forces it: keeps its type ({dtype_name(original)})",
                 )
             )
-        elif (
-            (p not in (_LOW, _FP32) or c.frozen[i])
-            and cat not in (Category.NON_FLOAT, Category.CONTROL_FLOW)
-            and not c.frozen[i]
-        ):
+        elif _no_float(c, i, p):
             reasons.append(Reason("no-float", "no float tensor follows this op's precision"))
         plans.append(
             NodePlan(

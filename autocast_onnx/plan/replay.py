@@ -17,7 +17,7 @@ from typing import TypeAlias
 from ..dtypes import FLOAT, MIXABLE
 from ..errors import AutocastError, InternalCheckError
 from ..graph import GraphIndex, signatures
-from .classify import ANY_INPUTS, schema_role
+from .classify import ANY_INPUTS, node_holds_container, schema_role
 from .model import PLAN_VERSION, PRECISIONS, NodePlan, PlanWarning, PrecisionPlan, Reason
 from .vocab import FITTING_ROLES, ROLE_WORDS, Category, PortRole, Precision
 
@@ -473,7 +473,8 @@ def _check_roles(plan: PrecisionPlan, entry: NodePlan, node, sig, who: str, wher
     target = plan.target.elem_type
     if target is None:
         raise InternalCheckError(f"plan target {plan.target} has no element type")
-    control = entry.category == Category.CONTROL_FLOW.rule_name
+    # control flow, and a node that reads or writes a sequence or optional: its float ports keep their types
+    control = entry.category == Category.CONTROL_FLOW.rule_name or node_holds_container(node, sig)
     for roles, values, side in ((entry.roles_in, node.inputs, "input"), (entry.roles_out, node.outputs, "output")):
         if len(roles) != len(values):
             raise AutocastError(
@@ -499,7 +500,7 @@ def _check_roles(plan: PrecisionPlan, entry: NodePlan, node, sig, who: str, wher
 
 _KIND_WORDS = {
     "unknown": "tensor of unknown type",
-    "own": "float port that keeps its type (control flow, or a cast to fp16/bf16)",
+    "own": "float port that keeps its type (control flow, a sequence or optional op, or a cast to fp16/bf16)",
     "cast-back": "Cast's float output to fp32",
     "any": "port whose type the op does not care about",
     "any-fp32": "port whose schema admits fp32 only",

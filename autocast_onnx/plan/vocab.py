@@ -131,7 +131,8 @@ class PortRole(_Code):
     )
     OWN = (
         "o",
-        "Keeps the type it has: a control-flow node's inputs and outputs, an author's explicit cast to fp16/bf16.",
+        "Keeps the type it has: a control-flow node's inputs and outputs, the tensors a sequence or optional op puts "
+        "in or takes out, an author's explicit cast to fp16/bf16.",
     )
 
 
@@ -182,7 +183,8 @@ FITTING_ROLES: dict[str, str] = {
     # a tensor whose type is unknown: frozen (u), or never cast where a rule file pins the port or
     # the node is not planned (non_float, control_flow)
     "unknown": "ux",
-    # a float input or output of a control-flow node, or an author's Cast to fp16/bf16
+    # a float input or output of a control-flow node or of a node that reads or writes a sequence or
+    # optional (plan.classify.holds_container), or an author's Cast to fp16/bf16
     "own": "o",
     # a float Cast output to fp32: the author's way back, which follows the node
     "cast-back": "p",

@@ -33,6 +33,7 @@ from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..plan.classify import chunked
 from ..plan.model import PrecisionPlan
 from ..plan.vocab import PortRole, Precision, required_type
+from .checks import check_container_elements
 from .edit import Names, cast_node, write_nodes
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,16 @@ class _Edit:
     def need(self, consumer, port: int, value) -> int | None:
         return required_type(self.plan.roles_in[consumer.id][port], self.node_type[consumer.id], value.dtype)
 
+    def final_type(self, node, side: str, k: int) -> int | None:
+        """The type port `k` of `node` has once the casts are in (`side` "in" or "out"): an output
+        has its producer's new type; an input the type its node needs there, else its value's."""
+        if side == "out":
+            value = node.outputs[k]
+            return self.new_type.get(value, value.dtype)
+        value = node.inputs[k]
+        need = self.need(node, k, value)
+        return need if need is not None else self.new_type.get(value, value.dtype)
+
     def add_cast(self, value, src_name: str, dst_name: str, to: int) -> None:
         """A Cast right after the producer of `value` (or first in its graph)."""
         self.stats.casts_added += 1
@@ -95,7 +106,8 @@ def apply_plan(
       1. `_output_types`: the type each node output will have;
       2. `_low_precision_inputs`: with keep_io_types off, model inputs read only by low nodes go low;
       3. `_insert_casts`: one Cast per (tensor, needed type), graph outputs keep name and type,
-         initializers get converted copies;
+         initializers get converted copies; then the tensors that go into or come out of a
+         sequence or optional are checked to keep its element type (checks.check_container_elements);
       4. `_run_conversions`: the initializer payloads, vectorised;
       5. `_retarget_attributes`: Cast.to, dtype attributes and Constant values of retyped nodes;
       6. `_declare_types`: value_info, and the model's inputs/outputs when they change type;
@@ -113,6 +125,7 @@ def apply_plan(
     _output_types(edit)
     _low_precision_inputs(edit)
     _insert_casts(edit)
+    check_container_elements(index.nodes, edit.final_type)
     _run_conversions(edit.jobs, stats, spill, payloads, held)
     _run_conversions(edit.sparse_jobs, stats, None, payloads)  # stored in their tensors, never spilled
     _retarget_attributes(edit)

@@ -19,7 +19,9 @@ import re
 
 import onnx
 
+from ..dtypes import MIXABLE, dtype_name
 from ..errors import InternalCheckError
+from ..graph import NONTENSOR
 from ..io import Pieces, all_graphs
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
@@ -48,6 +50,53 @@ def check_result(model: onnx.ModelProto | bytes | Pieces, full: bool = True, sta
         onnx.checker.check_model(model, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         _check_again(model, exc, full)
+
+
+# Ops whose tensors are a container's elements: op -> (the container port, the tensor ports bound to
+# its element type, "inputs" for every input). Ports are ("in" | "out", index).
+_ELEMENT_PORTS: dict[str, tuple] = {
+    "SequenceAt": (("in", 0), (("out", 0),)),
+    "ConcatFromSequence": (("in", 0), (("out", 0),)),
+    "OptionalGetElement": (("in", 0), (("out", 0),)),
+    "SequenceConstruct": (("out", 0), "inputs"),
+    "SplitToSequence": (("out", 0), (("in", 0),)),
+    "SequenceInsert": (("in", 0), (("in", 1),)),
+    "Optional": (("out", 0), (("in", 0),)),
+}
+
+
+def check_container_elements(nodes, final_type) -> None:
+    """Every tensor that goes into a sequence or optional, or comes out of one, has the element
+    type the container holds (graph.index tracks it as Value.elem; the rewrite never changes it).
+    `final_type(node, side, k)` is the type port `k` of the rewritten node has (`side` "in" or
+    "out"). onnx.checker's structural check (--check basic) does not see a mismatch, only the full
+    check's type inference does, and ONNX Runtime refuses the model: so the rewrite checks this
+    whatever --check says, at the cost of a dict lookup per node. A failure is a bug
+    (InternalCheckError)."""
+    for node in nodes:
+        ports = _ELEMENT_PORTS.get(node.op)
+        if ports is None or node.domain not in ("", "ai.onnx"):
+            continue
+        container = _port(node, *ports[0])
+        if container is None or container.dtype != NONTENSOR or container.elem is None:
+            continue
+        bound = ports[1] if ports[1] != "inputs" else tuple(("in", i) for i in range(len(node.inputs)))
+        for side, k in bound:
+            tensor = _port(node, side, k)
+            if tensor is None or tensor.dtype not in MIXABLE:
+                continue
+            have = final_type(node, side, k)
+            if have != container.elem:
+                raise InternalCheckError(
+                    f"node {node.label} ({node.op}): {'input' if side == 'in' else 'output'} {k} '{tensor.name}' "
+                    f"would be {dtype_name(have)}, but '{container.name}', which it goes into or comes out of, holds "
+                    f"{dtype_name(container.elem)}: ONNX Runtime would refuse the model"
+                )
+
+
+def _port(node, side: str, k: int):
+    values = node.inputs if side == "in" else node.outputs
+    return values[k] if k < len(values) else None
 
 
 def check_file(path, full: bool = True) -> None:

@@ -33,9 +33,9 @@ from onnx import helper
 
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, dtype_name
 from ..errors import AutocastError
-from ..graph import build_index
+from ..graph import NONTENSOR, build_index
 from . import runner
-from .emulate import emulation_model
+from .emulate import emulation_model, session_as_is
 
 GROUP = 96
 LOW = (FLOAT16, BFLOAT16)
@@ -88,21 +88,69 @@ def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     return err / norm if norm > TINY else err
 
 
-def _capture(model: onnx.ModelProto, names: list[str], types: dict, batch: dict, device: str) -> dict:
-    """name -> array for `names` (tensors of `model`), GROUP tensors per session."""
+def _capture(
+    model: onnx.ModelProto, names: list[str], types: dict, batch: dict, device: str, containers: dict | None = None
+) -> dict:
+    """name -> array for `names` (tensors of `model`; a list of arrays for a sequence named in
+    `containers`, name -> TypeProto), GROUP tensors per session."""
     out: dict[str, np.ndarray] = {}
     feeds = {i.name: batch[i.name] for i in model.graph.input if i.name in batch}
     for start in range(0, len(names), GROUP):
         group = names[start : start + GROUP]
-        sess = runner.session(runner.with_outputs(model, group, types), device)
+        sess = runner.session(_with_outputs(model, group, types, containers or {}), device)
         out.update(zip(group, runner.run(sess, feeds)))
         del sess
     return out
 
 
-def _local_model(ref: onnx.ModelProto, nodes: list, low_in: dict, low_out: dict, types: dict, opsets) -> tuple:
+def _with_outputs(model: onnx.ModelProto, names: list[str], types: dict, containers: dict) -> bytes:
+    """runner.with_outputs, where a name in `containers` (a sequence or optional) keeps its own
+    type rather than being declared a tensor."""
+    tensors = [n for n in names if n not in containers]
+    if len(tensors) == len(names):
+        return runner.with_outputs(model, names, types)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(_value_info(n, types, containers) for n in names)
+    return probe.SerializeToString()
+
+
+def _value_info(name: str, types: dict, containers: dict) -> onnx.ValueInfoProto:
+    """A graph input or output declaration: a container with its TypeProto, else a tensor."""
+    if name in containers:
+        return helper.make_value_info(name, containers[name])
+    return helper.make_tensor_value_info(name, types[name], None)
+
+
+def _container_types(model: onnx.ModelProto, index) -> dict:
+    """name -> TypeProto of every main-graph value of `model` that is not a tensor (a sequence, an
+    optional): as declared, else from ONNX's type inference. One whose type neither gives is left
+    out (the nodes that read it are not recomputed)."""
+    wanted = {v.name for v in index.main.values.values() if v.dtype == NONTENSOR}
+    if not wanted:
+        return {}
+
+    def found(graph) -> dict:
+        infos = (*graph.input, *graph.value_info, *graph.output)
+        return {vi.name: vi.type for vi in infos if vi.name in wanted and vi.type.WhichOneof("value") != "tensor_type"}
+
+    out = found(model.graph)
+    if wanted - out.keys():
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except (onnx.shape_inference.InferenceError, ValueError):  # ValueError: over protobuf's 2 GB
+            return out
+        out = found(inferred.graph) | out
+    return out
+
+
+def _local_model(
+    ref: onnx.ModelProto, nodes: list, low_in: dict, low_out: dict, types: dict, opsets, containers=None
+) -> tuple:
     """A model that recomputes `nodes` (NodeProtos of R) from graph inputs holding R's exact
     tensors, rounding inputs and outputs where the converted model holds them in low precision.
+    A sequence or optional input keeps its type (`containers`: name -> TypeProto).
     Returns (model, {node name: [(R output name, local output name)]}, [input names])."""
     inputs: dict[str, int] = {}
     body: list = []
@@ -142,7 +190,7 @@ def _local_model(ref: onnx.ModelProto, nodes: list, low_in: dict, low_out: dict,
             outs.append((name, final))
         body.extend([*before, new, *after])
         results[node.name] = outs
-    graph_inputs = [helper.make_tensor_value_info(n, t, None) for n, t in inputs.items()]
+    graph_inputs = [_value_info(n, types, containers or {}) for n in inputs]
     graph_outputs = [
         helper.make_tensor_value_info(local, FLOAT, None) for outs in results.values() for _, local in outs
     ]
@@ -151,15 +199,21 @@ def _local_model(ref: onnx.ModelProto, nodes: list, low_in: dict, low_out: dict,
     return model, results, list(inputs)
 
 
-def diagnose(reference, converted, *, batch: dict, device: str = "cpu", plan=None, top: int = 10) -> dict:
-    """Error attribution of `converted` (a ModelProto) against `reference` (its fp32 source) on one
-    `batch` (input name -> array). `plan` (a PrecisionPlan of the reference) adds categories and
-    reasons. Returns the report: per node errors, per output rankings and depth profiles."""
+def diagnose(
+    reference, converted, *, batch: dict, device: str = "cpu", plan=None, top: int = 10, where: str | None = None
+) -> dict:
+    """Error attribution of `converted` (a ModelProto, read from the file `where` if given) against
+    `reference` (its fp32 source) on one `batch` (input name -> array). `plan` (a PrecisionPlan of
+    the reference) adds categories and reasons. Returns the report: per node errors, per output
+    rankings and depth profiles. A converted model that ONNX Runtime refuses is refused (as
+    validate refuses it): its emulation would load, and attribute errors to a model that cannot run."""
+    session_as_is(converted, where, device)
     ref_index = build_index(onnx.ModelProto.FromString(reference.SerializeToString()), "<reference>")
     conv_index = build_index(onnx.ModelProto.FromString(converted.SerializeToString()), "<converted>")
     emulated = emulation_model(converted, "<converted>")
     conv_nodes = {(n.name, n.op): n for n in conv_index.main.nodes if n.name}
     ref_types = {v.name: v.dtype for v in ref_index.main.values.values()}
+    containers = _container_types(reference, ref_index)
     emu_types = {v.name: v.dtype for v in build_index(emulated, "<emulated>").main.values.values()}
 
     # depth (longest path from the inputs) and, per graph output, the nodes it depends on
@@ -230,7 +284,9 @@ def diagnose(reference, converted, *, batch: dict, device: str = "cpu", plan=Non
         errors[node.name] = entry
         if low is None:
             continue  # fp32 from its inputs: it adds no rounding of its own
-        if node.subscopes:
+        if node.subscopes or any(
+            v is not None and v.dtype == NONTENSOR and v.name not in containers for v in node.inputs
+        ):  # a unit of its own, or it reads a container of unknown type: estimated from its tensors
             entry.introduced = max(0.0, entry.produced - entry.received)
             continue
         for port, t in enumerate(in_types):
@@ -254,13 +310,21 @@ def diagnose(reference, converted, *, batch: dict, device: str = "cpu", plan=Non
         # keeping its producers fp32 would give): a large gap means its inputs' rounding hurts
         for inputs_rounded in (True, False):
             model, results, needed = _local_model(
-                reference, [n.proto for n in group], low_in if inputs_rounded else {}, low_out, ref_types, opsets
+                reference,
+                [n.proto for n in group],
+                low_in if inputs_rounded else {},
+                low_out,
+                ref_types,
+                opsets,
+                containers,
             )
+            ref_values.update({n: batch[n] for n in needed if n not in ref_values and n in batch})
             missing = [n for n in needed if n not in ref_values]
             if missing:
-                ref_values.update(_capture(reference, missing, ref_types, batch, device))
+                ref_values.update(_capture(reference, missing, ref_types, batch, device, containers))
             sess = runner.session(model.SerializeToString(), device, optimize=False)
-            feeds = {n: np.asarray(ref_values[n]) for n in needed}
+            # a sequence is fed as its list of arrays
+            feeds = {n: v if isinstance(v, list) else np.asarray(v) for n in needed for v in (ref_values[n],)}
             got = dict(zip([o.name for o in model.graph.output], runner.run(sess, feeds)))
             for node in group:
                 errs = [relative_error(got[local], ref_values[r]) for r, local in results[node.name] if r in ref_values]
@@ -316,6 +380,6 @@ def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None,
     else:
         plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         reasons = plan.source or "plan"
-    report = diagnose(ref, conv, batch=batch, plan=plan, top=top)
+    report = diagnose(ref, conv, batch=batch, plan=plan, top=top, where=str(converted))
     report.update(reference=str(reference), converted=str(converted), reasons_from=reasons)
     return report

@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, bf16_bits_to_float
+from ..errors import AutocastError
 from ..graph import build_index
 from ..rewrite.edit import Names, cast_node, write_nodes
 
@@ -116,6 +117,27 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
         scope.graph.value_info.extend(kept)
     write_nodes(index, head, after, skip_unchanged=False)
     return emu
+
+
+def session_as_is(model: onnx.ModelProto, path: str | None, device: str, label: str = "the converted model"):
+    """An ONNX Runtime session of the mixed-precision model itself, beside its emulation: the
+    emulation is an fp32 rewrite, which loads even where the model does not (a tensor whose type
+    disagrees with its op's schema), and the tool's promise is a model that loads. A model that
+    ONNX Runtime refuses is refused as a plain comparison refuses it (AutocastError, exit 2). A
+    model that resolves but has no kernel for some node on `device` (NOT_IMPLEMENTED: bf16 on the
+    CPU provider, which lacks bf16 MatMul and Gemm) is no refusal: (None, a note why) comes back.
+    Returns (session or None, note or None)."""
+    from . import runner
+
+    try:
+        return runner.session(path if path else model.SerializeToString(), device, label=label, where=path), None
+    except AutocastError as exc:
+        if _NO_KERNEL not in exc.what:
+            raise
+        return None, f"the converted model does not load on {device} as it is ({exc.what})"
+
+
+_NO_KERNEL = "NOT_IMPLEMENTED"  # ONNX Runtime's status for a node without a kernel, raised after the graph resolved
 
 
 def _set_declared(infos, name, elem_type):
