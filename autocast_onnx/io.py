@@ -14,6 +14,7 @@ that are one file, an output that is an input, a missing folder, a directory...)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import mmap
@@ -212,55 +213,121 @@ def _parse_leaving_payloads(
 def _left_in_file(view: memoryview, path: Path, model: onnx.ModelProto, st, rows) -> PayloadsInFile | None:
     """The payloads left in the file at `path` (mapped as `view`): `rows` gives the ordinal of
     each such initializer of the main graph, its payload's offset and length, and its name, as
-    the walk found them. A payload that does not fit its tensor's dims is put back into the
-    tensor, as it was. Each row is checked against the parse first (_walked_as): where the
+    the walk found them. A payload that does not fit its tensor's dims (or dims with a negative
+    one) is put back into the tensor, as it was, for the input checks to judge. Each row is
+    checked against the parse first (_walked_as, and the payload inside the file): where the
     tensor at that ordinal is not the one the walk wrote that payload's place into, `model` is
     cleared and None returned, and the caller parses the file whole. A walk that numbered the
     initializers otherwise than protobuf would otherwise read each tensor's weight from another
-    tensor's bytes, silently."""
+    tensor's bytes, silently. What stays left in the file is thereby checked as the input checks
+    would check it (graph/sanity.py takes PayloadsInFile.ordinals as checked)."""
     inits = model.graph.initializer
     count = len(inits)
+    location = path.name
+    size = len(view)
     left = []
     for ordinal, raw_start, length, name in rows:
         tensor = inits[ordinal] if 0 <= ordinal < count else None
-        if tensor is None or not _walked_as(tensor, name, path.name, raw_start, length):
+        dims = _walked_as(tensor, name, location, raw_start, length) if tensor is not None else None
+        if tensor is None or dims is None or raw_start < 0 or raw_start + length > size:
             model.Clear()
             return None
-        if 4 * math.prod(tensor.dims) != length:  # a payload that does not fit its dims stays as it was
+        if 4 * math.prod(dims) != length or (dims and min(dims) < 0):  # not a payload of its dims: stays as it was
             _restore(tensor, bytes(view[raw_start : raw_start + length]))
             continue
         left.append((ordinal, tensor, raw_start, length))
     return PayloadsInFile(path, left, stat_identity(st))
 
 
-_NO_DATA_BUT_RAW = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+def _walked_as(tensor: onnx.TensorProto, name: bytes, location: str, offset: int, length: int) -> list | None:
+    """The dims of `tensor` if it is, as protobuf parsed the walk's encoding, the initializer the
+    walk left in the file at `offset`, `length` (wire.leaving_payloads): named `name`, fp32, no
+    payload of its own (no raw_data, typed data or segment), and exactly the external data the
+    walk wrote into it (this file, that offset and length), which no other tensor has; None
+    where it is not.
+
+    Compared as protobuf writes the tensor (one call) with the bytes of such a tensor: its dims,
+    data_type, name, the walk's three entries and data_location, nothing else. A tensor with more
+    (a doc_string, metadata, unknown fields) is judged field by field (_walked_fields)."""
+    written = tensor.SerializeToString()
+    tail = _walked_tail(name, location, offset, length)
+    if written.endswith(tail) and _DIMS_ONLY.fullmatch(written, 0, len(written) - len(tail)):
+        return tensor.dims[:] if len(written) > len(tail) else []
+    return _walked_fields(tensor, name, location, offset, length)
 
 
-def _walked_as(tensor: onnx.TensorProto, name: bytes, location: str, offset: int, length: int) -> bool:
-    """Whether `tensor`, as protobuf parsed the walk's encoding, is the initializer the walk left
-    in the file at `offset`, `length` (wire.leaving_payloads): named `name`, fp32, no payload of
-    its own, and exactly the external data the walk wrote into it (this file, that offset and
-    length), which no other tensor has."""
+# dims as protobuf writes them: field 1, one varint each (the key, then 0-9 bytes of 0x80 and up,
+# then one below: the split into fields is unique, so nothing backtracks)
+_DIMS_ONLY = re.compile(rb"(?:\x08[\x80-\xff]{0,9}[\x00-\x7f])*")
+
+
+def _walked_tail(name: bytes, location: str, offset: int, length: int) -> bytes:
+    """What protobuf writes after the dims of an fp32 tensor named `name` whose payload is in
+    `location` at `offset`, `length`, and that holds nothing else: data_type, name, the three
+    external_data entries (field 13: key 1, value 2) and data_location, in field order."""
+    named = b"\x42%b%b" % (wire.encode_varint(len(name)), name) if name else b""
+    at, size = b"%d" % offset, b"%d" % length  # each entry is under 128 bytes: its lengths are one byte
+    return b"\x10\x01%b%b\x6a%c\x0a\x06offset\x12%c%b\x6a%c\x0a\x06length\x12%c%b\x70\x01" % (
+        named,
+        _location_entry(location),
+        len(at) + 10,
+        len(at),
+        at,
+        len(size) + 10,
+        len(size),
+        size,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _location_entry(location: str) -> bytes:
+    """The external_data entry ("location", `location`) as protobuf writes it."""
+    key, value = b"location", location.encode("utf-8")
+    body = b"\x0a" + wire.encode_varint(len(key)) + key + b"\x12" + wire.encode_varint(len(value)) + value
+    return b"\x6a" + wire.encode_varint(len(body)) + body
+
+
+_EXTERNAL_KEYS = ("location", "offset", "length")  # as wire.leaving_payloads writes them
+# TensorProto fields that hold no payload nor say where one is: dims (1), name (8), doc_string (12),
+# metadata_props (16)
+_NOT_DATA = frozenset({1, 8, 12, 16})
+
+
+def _walked_fields(tensor: onnx.TensorProto, name: bytes, location: str, offset: int, length: int) -> list | None:
+    """_walked_as for a tensor that holds more than the walk left in it, field by field. Reads
+    the fields present (ListFields), never one that may be absent: a repeated field read from a
+    parsed message that lacks it is given to it, empty, which slows every later pass over the
+    model (see graph/sanity.py, _plainly_sound)."""
+    dims: list = []
+    tensor_name = dtype = place = entries = None
+    for descriptor, value in tensor.ListFields():
+        number = descriptor.number
+        if number == 13:
+            entries = value
+        elif number == 14:
+            place = value
+        elif number == 2:
+            dtype = value
+        elif number == 8:
+            tensor_name = value
+        elif number == 1:
+            dims = value[:]
+        elif number not in _NOT_DATA:
+            return None  # raw_data, typed data, segment
+    if place != onnx.TensorProto.EXTERNAL or dtype != onnx.TensorProto.FLOAT or entries is None or len(entries) != 3:
+        return None
+    first, second, third = entries
     if (
-        tensor.data_location != onnx.TensorProto.EXTERNAL
-        or tensor.data_type != onnx.TensorProto.FLOAT
-        or tensor.HasField("raw_data")
-        or tensor.HasField("segment")
+        first.value != location
+        or second.value != str(offset)
+        or third.value != str(length)
+        or (first.key, second.key, third.key) != _EXTERNAL_KEYS
     ):
-        return False
-    entries = tensor.external_data  # the walk wrote location, offset, length in this order
-    if (
-        len(entries) != 3
-        or entries[1].value != str(offset)
-        or entries[2].value != str(length)
-        or entries[0].value != location
-        or any(len(getattr(tensor, fld)) for fld in _NO_DATA_BUT_RAW)
-    ):
-        return False
+        return None
     try:
-        return tensor.name == name.decode("utf-8")
+        return dims if (tensor_name or "") == name.decode("utf-8") else None
     except UnicodeDecodeError:
-        return False
+        return None
 
 
 class PayloadsInFile:
@@ -275,6 +342,15 @@ class PayloadsInFile:
 
     def __len__(self) -> int:
         return len(self._tensors)
+
+    def places(self, identity: tuple) -> set[tuple[int, int, int]]:
+        """(ordinal, offset, length) of each payload still left in the file (its tensor still
+        external), each checked against protobuf's parse when it was loaded (_left_in_file);
+        none unless the file is the one whose identity (worker.stat_identity) is `identity`."""
+        if identity != self._identity:
+            return set()
+        external = onnx.TensorProto.EXTERNAL
+        return {(o, offset, length) for o, tensor, offset, length in self._tensors if tensor.data_location == external}
 
     def sizes(self) -> dict[int, int]:
         """id(TensorProto) -> payload bytes of each tensor still left in the file."""
@@ -431,26 +507,32 @@ def tensor_bytes(
     """The little-endian payload of a tensor, wherever it is stored (one tensor in memory).
     External data is read only from inside `base_dir`, the model's folder (external_location),
     never relative to the current folder. `what` names the tensor in errors (default: as an
-    initializer)."""
-    what = what or f"initializer {tensor.name!r}"
+    initializer; named only for an error: the data rules read every initializer through here)."""
     if is_external(tensor):
         if base_dir is None:
             raise AutocastError(
-                f"{what} uses external data but the model has no folder", None, "load the model from its file"
+                f"{what or _initializer(tensor)} uses external data but the model has no folder",
+                None,
+                "load the model from its file",
             )
         return read_external(tensor, base_dir, where, what=what)
     if tensor.HasField("raw_data"):
         raw = tensor.raw_data
         itemsize = ITEMSIZE.get(tensor.data_type)
-        if itemsize is not None and len(raw) != itemsize * math.prod(tensor.dims):
-            raise _malformed(what, where, ValueError(f"raw_data holds {len(raw)} bytes for dims {list(tensor.dims)}"))
+        if itemsize is not None and len(raw) != itemsize * math.prod(tensor.dims[:]):
+            detail = ValueError(f"raw_data holds {len(raw)} bytes for dims {list(tensor.dims)}")
+            raise _malformed(what or _initializer(tensor), where, detail)
         return raw
     try:
         if tensor.data_type == onnx.TensorProto.BFLOAT16:
             return np.asarray(tensor.int32_data, dtype="<u2").tobytes()
         return numpy_helper.to_array(tensor).tobytes()
     except (ValueError, KeyError, TypeError) as exc:
-        raise _malformed(what, where, exc) from None
+        raise _malformed(what or _initializer(tensor), where, exc) from None
+
+
+def _initializer(tensor: onnx.TensorProto) -> str:
+    return f"initializer {tensor.name!r}"
 
 
 def tensor_array(

@@ -22,8 +22,6 @@ import re
 import time
 from collections.abc import Callable
 
-import regex
-
 from .errors import AutocastError
 
 MATCH_TIMEOUT_S = 1.0  # one name
@@ -48,6 +46,8 @@ class UserPattern:
             raise re.error("groups nested too deeply") from None
         except OverflowError as exc:  # a repeat count beyond re's limit
             raise re.error(str(exc)) from None
+        import regex  # here, not above: a command given no regex never pays its import (~7 ms)
+
         try:
             self._compiled = regex.compile(text)
         except (regex.error, RecursionError, OverflowError) as exc:  # pragma: no cover - re took it

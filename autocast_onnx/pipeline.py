@@ -401,7 +401,11 @@ def _convert_loaded(
                     output_head=head,
                     macs=macs,
                     payloads=payloads,
-                    screened=screen.results(model, index.main.initializer_names) if screen is not None else None,
+                    screened=(
+                        screen.results(model, index.main.initializer_names, left_in_file=loaded.left_in_file)
+                        if screen is not None
+                        else None
+                    ),
                 )
                 unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
                 if strict and unmatched:
@@ -600,7 +604,13 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
         )
         # a malformed model: refused before any work (graph/sanity.py); onnx.checker's look at the
         # nodes is the output check's, unless there is none (convert_file blames the input then)
-        check_input(loaded.model, str(in_path), in_path.parent, onnx_checker=options.get("check") == "none")
+        check_input(
+            loaded.model,
+            str(in_path),
+            in_path.parent,
+            onnx_checker=options.get("check") == "none",
+            left_in_file=loaded.left_in_file,  # checked by the loader against its parse: not twice
+        )
     timings = {"load": time.perf_counter() - t}
     _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
     check = options.pop("check", "basic")

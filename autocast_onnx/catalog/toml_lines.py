@@ -24,6 +24,14 @@ BLANK = " \t"
 IN_VALUE = re.compile(r"[\"'\[\]{}#\n]")
 IN_BASIC = re.compile(r'["\\\n]')
 IN_MULTILINE_BASIC = re.compile(r'["\\]')
+BLANKS = re.compile(r"[ \t]*")
+# The common line, whole: blank, a comment, or `key = "text"` with maybe a comment, where the key
+# is one bare or "basic" part and no string has a quote or an escape inside. Runs of disjoint
+# classes: it fails or matches in one pass over the line.
+SIMPLE_LINE = re.compile(r'[ \t]*(?:(?:([A-Za-z0-9_\-]+)|"([^"\\\n]*)")[ \t]*=[ \t]*"[^"\\\n]*"[ \t]*)?(?:#[^\n]*)?\n')
+# blanks, a bare key part (maybe empty) and blanks: three runs of disjoint classes, so at most one
+# way to match from any position (the bare characters are BARE's)
+BARE_PART = re.compile(r"[ \t]*([A-Za-z0-9_\-]*)[ \t]*")
 ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 
 
@@ -106,6 +114,14 @@ class _Scanner:
 
     def run(self) -> None:
         while self.i < self.n:
+            simple = SIMPLE_LINE.match(self.text, self.i)
+            if simple is not None:
+                bare, quoted = simple.groups()
+                if bare or quoted is not None:
+                    key = bare or quoted
+                    self.out._key(self.table, self.instance, [key], self.line(self.i))
+                self.i = simple.end()
+                continue
             self.skip_blank()
             if self.i >= self.n:
                 return
@@ -148,8 +164,9 @@ class _Scanner:
 
     # ---- pieces ----------------------------------------------------------------------------------
     def skip_blank(self) -> None:
-        while self.i < self.n and self.text[self.i] in BLANK:
-            self.i += 1
+        blanks = BLANKS.match(self.text, self.i)
+        assert blanks is not None  # [ \t]* matches anywhere
+        self.i = blanks.end()
 
     def skip_line(self) -> None:
         """To the start of the next line (the rest of this one is a comment or blank)."""
@@ -161,12 +178,17 @@ class _Scanner:
         text here is no key."""
         parts = []
         while True:
-            self.skip_blank()
-            part = self.key_part()
-            if part is None:
-                return None
-            parts.append(part)
-            self.skip_blank()
+            bare = BARE_PART.match(self.text, self.i)
+            assert bare is not None  # every part of it may be empty
+            self.i = bare.end()
+            if bare.group(1):
+                parts.append(bare.group(1))
+            else:  # a quoted part, or no key
+                part = self.key_part()
+                if part is None:
+                    return None
+                parts.append(part)
+                self.skip_blank()
             if not self.text.startswith(".", self.i):
                 return parts
             self.i += 1

@@ -37,6 +37,7 @@ import logging
 import mmap
 import os
 from array import array
+from collections.abc import Collection
 
 import numpy as np
 from onnx import TensorProto
@@ -112,12 +113,14 @@ class WeightScreen:
             return None
         return shared[:size], rows, self._seen
 
-    def results(self, model, names: list[str] | None = None) -> dict | None:
+    def results(self, model, names: list[str] | None = None, left_in_file=None) -> dict | None:
         """name -> (fp16 bytes as a memoryview of the shared buffer, whether range was lost) for
         each screened initializer of the main graph of `model` (the file's model, as loaded and
         not edited since); None when the worker failed. `names` (the names of the main graph's
-        initializers in order, as the index read them) spares reading them again. Read once: the
-        views hold the shared buffer, which goes when the caller lets go of them."""
+        initializers in order, as the index read them) spares reading them again; `left_in_file`
+        (the loader's io.PayloadsInFile for `model`) spares checking again the payloads the
+        loader left in the file, checked there against the parse. Read once: the views hold the
+        shared buffer, which goes when the caller lets go of them."""
         if self._done:
             raise InternalCheckError("the weight screen's results were read twice")
         if not self._encoding_read:
@@ -142,7 +145,8 @@ class WeightScreen:
             log.debug("weight screen: the worker failed (status %d), screening in process", status)
             return None
         out, places = decoded
-        if not _payloads_agree(model, places, self._path, self._seen):
+        checked = left_in_file.places(self._seen) if left_in_file is not None else set()
+        if not _payloads_agree(model, places, self._path, self._seen, checked):
             log.debug("weight screen: the worker's walk disagrees with the loaded model, screening in process")
             return None
         return out
@@ -201,17 +205,21 @@ def _decode(message: bytes, known: list[str], buffer: mmap.mmap) -> tuple[dict, 
     return out, places
 
 
-def _payloads_agree(model, places: list, path, seen: tuple) -> bool:
+def _payloads_agree(model, places: list, path, seen: tuple, checked: Collection = ()) -> bool:
     """Whether each payload the worker converted, (ordinal, offset, length) in the file at
     `path` (whose identity was `seen`), is the payload the loaded `model` holds for its
     initializer at that ordinal: an fp32 tensor left in the file at that very offset and length
     (io.load_model(leave_in_file=True)), or an fp32 raw_data of the same bytes as the file
-    there."""
+    there. `checked` (io.PayloadsInFile.places) holds the (ordinal, offset, length) of the
+    payloads still left in the file, each of them checked so against the parse by the loader."""
     inits = model.graph.initializer
     count = len(inits)
     location = os.path.basename(path)
     in_memory = []
-    for ordinal, offset, length in places:
+    for place in places:
+        if place in checked:
+            continue
+        ordinal, offset, length = place
         if not 0 <= ordinal < count:
             return False
         tensor = inits[ordinal]
