@@ -12,28 +12,31 @@ autocast_onnx.diagnose("model.onnx", "model.fp16.onnx")           # error attrib
 The functions take the CLI's options as keywords (docs/api.md).
 """
 
-__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
-
 from typing import TYPE_CHECKING
+
+from ._version import __version__
 
 if TYPE_CHECKING:
     from . import lint, validate  # callable: autocast_onnx.validate(...) and autocast_onnx.lint(...)
-    from .api import LintReport, OutputComparison, ValidationReport, convert, explain
+    from .api import convert, explain
     from .errors import AutocastError
     from .gate import CheckResult, check
+    from .lint.api import LintReport
     from .options import PlanOptions
-    from .pipeline import ConversionResult, DataPlanning, convert_file, plan_on_data
+    from .pipeline import ConversionResult, convert_file
     from .plan import NodePlan, PrecisionPlan
+    from .validate.api import OutputComparison, ValidationReport
     from .validate.diagnose import diagnose_files as diagnose
+    from .validate.on_data import DataPlanning, plan_on_data
 
 # Each public name is imported on first use (PEP 562): `autocast-onnx convert` then loads the
 # conversion's modules only, not those of lint and validation (a tenth of a second per process).
 _WHERE = {
     "lint": (".lint", None),
     "validate": (".validate", None),
-    "LintReport": (".api", "LintReport"),
-    "OutputComparison": (".api", "OutputComparison"),
-    "ValidationReport": (".api", "ValidationReport"),
+    "LintReport": (".lint.api", "LintReport"),
+    "OutputComparison": (".validate.api", "OutputComparison"),
+    "ValidationReport": (".validate.api", "ValidationReport"),
     "convert": (".api", "convert"),
     "explain": (".api", "explain"),
     "AutocastError": (".errors", "AutocastError"),
@@ -41,9 +44,9 @@ _WHERE = {
     "check": (".gate", "check"),
     "PlanOptions": (".options", "PlanOptions"),
     "ConversionResult": (".pipeline", "ConversionResult"),
-    "DataPlanning": (".pipeline", "DataPlanning"),
+    "DataPlanning": (".validate.on_data", "DataPlanning"),
     "convert_file": (".pipeline", "convert_file"),
-    "plan_on_data": (".pipeline", "plan_on_data"),
+    "plan_on_data": (".validate.on_data", "plan_on_data"),
     "NodePlan": (".plan", "NodePlan"),
     "PrecisionPlan": (".plan", "PrecisionPlan"),
     "diagnose": (".validate.diagnose", "diagnose_files"),

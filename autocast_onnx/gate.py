@@ -98,11 +98,11 @@ def check(
     regressions fail."""
     from .lint import lint as run_lint
     from .lint.engine import unused_config_suppressions
+    from .lint.report import lint_dict
     from .options import lint_options as _lint_options
     from .options import plan_options as _plan_options
     from .pipeline import convert_file
     from .report.checkgate import compare_baseline
-    from .report.lint import lint_dict
     from .validate.core import ValidateOptions, validate
 
     plan_options = plan_options or _plan_options()

@@ -15,25 +15,13 @@ The CLI only collects flags and calls these builders; the Python API takes the s
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import AutocastError
-from .patterns import UserPattern, shown
+from .patterns import compile_patterns as compile_patterns  # the flags' regexes; re-exported
+from .patterns import shown
 from .plan.vocab import Precision
-
-
-def compile_patterns(patterns, flag: str) -> list[UserPattern]:
-    """Node- or tensor-name regexes, compiled for bounded matching (patterns.py); a bad one is an
-    AutocastError naming the flag, and so is one that later takes too long on a name."""
-    out = []
-    for pattern in patterns:
-        try:
-            out.append(UserPattern(pattern, flag))
-        except re.error as exc:
-            raise AutocastError(f"bad regex {shown(pattern)} for {flag}: {exc}", None, "fix the pattern") from None
-    return out
 
 
 @dataclass(frozen=True)

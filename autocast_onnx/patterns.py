@@ -105,3 +105,15 @@ def shown(value, limit: int = 80) -> str:
     except RecursionError:
         return f"a deeply nested {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def compile_patterns(patterns, flag: str) -> list[UserPattern]:
+    """Node- or tensor-name regexes, compiled for bounded matching (patterns.py); a bad one is an
+    AutocastError naming the flag, and so is one that later takes too long on a name."""
+    out = []
+    for pattern in patterns:
+        try:
+            out.append(UserPattern(pattern, flag))
+        except re.error as exc:
+            raise AutocastError(f"bad regex {shown(pattern)} for {flag}: {exc}", None, "fix the pattern") from None
+    return out

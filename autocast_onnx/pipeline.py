@@ -34,7 +34,7 @@ from .io import (
     save_model,
     tensor_nbytes,
 )
-from .options import compile_patterns
+from .patterns import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .plan.classify import UNMATCHED
 from .plan.model import PlanWarning
@@ -773,75 +773,3 @@ def _api_options(options: dict) -> dict:
         "strict": options.get("strict", False),
         "low_precision_io": options.get("low_precision_io"),
     }
-
-
-@dataclass
-class DataPlanning:
-    """What measuring on data adds to a plan: calibration ranges and the nodes the accuracy
-    search keeps fp32, with the search's log."""
-
-    calibration: dict | None = None  # tensor name -> TensorRange
-    force_fp32: dict | None = None  # node id -> Reason
-    search_log: dict | None = None
-
-
-def plan_on_data(
-    model: str | os.PathLike,
-    plan_options=None,
-    *,
-    calibration_data=None,
-    targets=(),
-    validation=None,
-    progress=None,
-    note=None,
-) -> DataPlanning:
-    """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
-    of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
-    nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
-    or batches generated from its dims, ranges, seed and batch count). The result's fields go to
-    `convert(..., calibration=, force_fp32=)`."""
-    from .options import plan_options as _plan_options
-    from .validate import runner
-    from .validate.core import ValidateOptions
-    from .validate.inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
-
-    out = DataPlanning()
-    if calibration_data is None and not targets:
-        return out
-    plan_options = plan_options or _plan_options()
-    validation = validation or ValidateOptions()
-    source = load_checked(model).model
-    specs = describe_inputs(source)
-    device, _ = runner.resolve_device(validation.device)
-    goal = None
-    if targets:
-        from .options import parse_targets
-
-        goal = parse_targets(targets)
-    # every input is checked (headers only) before any long run starts
-    if calibration_data is not None:
-        check_batches(calibration_data, specs)
-    if goal is not None and validation.inputs:
-        check_batches(validation.inputs, specs)
-    if calibration_data is not None:
-        from .validate.calibrate import calibrate
-
-        out.calibration = calibrate(source, load_batches(calibration_data, specs), device, progress)
-    if goal is not None:
-        from .validate.search import search
-
-        if validation.inputs:
-            batches = load_batches(validation.inputs, specs)
-        else:
-            in_plan = plan_inputs(specs, validation.dims, validation.ranges)
-            batches = [generate(in_plan, seed=validation.seed + k) for k in range(validation.batches)]
-        out.force_fp32, out.search_log = search(
-            source,
-            batches,
-            dict(plan_options.convert_kwargs(), calibration=out.calibration),
-            goal,
-            device,
-            progress,
-            note,
-        )
-    return out

@@ -4,13 +4,14 @@ encoding once (wire.py) for two stages:
 - the loader (io.load_model): the worker writes the file's encoding with the main graph's large
   fp32 payloads left in the file (wire.leaving_payloads) into memory both processes share, and
   lists those payloads; the main process parses that encoding instead of walking the file;
-- the weight screen (plan/screen.py): the worker converts the main graph's fp32 payloads to fp16
-  from the mapped file into shared memory and flags those that lost range.
+- the weight screen (plan/screen.py; its worker half in screen_work.py): the worker converts the
+  main graph's fp32 payloads to fp16 from the mapped file into shared memory and flags those that
+  lost range.
 
 This module imports nothing beyond the standard library and wire.py, so the command line can
 fork the worker before it imports onnx and numpy (start_early: 0.14 s of imports during which
-the walk runs on the second core). The worker imports the screen's modules itself, after the
-walk.
+the walk runs on the second core). The worker imports the screen's half (screen_work.py) itself,
+after the walk.
 
 What the worker writes on its pipe, in order: the loader's message (a header of two int64: the
 encoding's size in the shared `encoding` buffer, or -1 when the walk failed, and the number of
@@ -118,9 +119,10 @@ def _run(path, buffer: mmap.mmap, encoding: mmap.mmap, fd: int) -> None:
             rows.extend((init.ordinal, init.raw[1], init.raw[2], len(init.name)))
         write_all(fd, rows.tobytes() + b"".join(init.name for init in chosen))
         del rows, chosen
-        from .plan import screen  # numpy and onnx: imported here, after the walk
+        from . import screen_work  # numpy and onnx: imported here, after the walk
 
-        screen._work(data, buffer, fd, inits)
+        write_all(fd, screen_work._work(data, buffer, inits))
+        os.close(fd)
         del view
 
 

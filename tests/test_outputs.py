@@ -643,9 +643,9 @@ CRASHES = {
         ["check", "{m}", "--no-speed", "-o", "{out}/x.onnx", "--sarif", "{out}/s.sarif"],
         "checking",
     ),
-    "lint": ("autocast_onnx.report.lint", "lint_text", ["lint", "{m}", "-o", "{out}/l.txt"], "linting"),
+    "lint": ("autocast_onnx.lint.report", "lint_text", ["lint", "{m}", "-o", "{out}/l.txt"], "linting"),
     "explain": ("autocast_onnx.pipeline", "convert", ["explain", "{m}", "fc"], "explaining"),
-    "rules": ("autocast_onnx.report.lint", "rules_text", ["rules"], "listing"),
+    "rules": ("autocast_onnx.lint.report", "rules_text", ["rules"], "listing"),
 }
 
 

@@ -21,7 +21,7 @@ from helpers import parse, randn
 from onnx import TensorProto, helper
 
 from autocast_onnx import io as io_module
-from autocast_onnx import worker
+from autocast_onnx import screen_work, worker
 from autocast_onnx.catalog import toml_lines
 from autocast_onnx.catalog.toml_lines import TomlLines
 from autocast_onnx.errors import AutocastError
@@ -167,7 +167,7 @@ def test_the_screen_takes_what_the_loader_checked_and_checks_the_rest(tmp_path, 
     another tensor's bytes is still refused, for the places the loader did not check."""
     path = saved(tmp_path, chain())
     for swap in (False, True):
-        real = screen_module._fp32_payloads
+        real = screen_work._fp32_payloads
 
         def swapped(data, inits=None, real=real):
             found = list(real(data, inits))
@@ -175,9 +175,9 @@ def test_the_screen_takes_what_the_loader_checked_and_checks_the_rest(tmp_path, 
             return [(a, name_a, start_b, n), (b, name_b, start_a, n), *found[2:]]
 
         if swap:
-            monkeypatch.setattr(screen_module, "_fp32_payloads", swapped)
+            monkeypatch.setattr(screen_work, "_fp32_payloads", swapped)
         screen = WeightScreen.start(path, min_bytes=0)
-        monkeypatch.setattr(screen_module, "_fp32_payloads", real)
+        monkeypatch.setattr(screen_work, "_fp32_payloads", real)
         loaded = load_model(path, load_external=False, leave_in_file=True, prepared=screen.encoding)
         assert loaded.left_in_file is not None and len(loaded.left_in_file) == 3
         screened = screen.results(loaded.model, left_in_file=loaded.left_in_file)

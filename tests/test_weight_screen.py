@@ -24,6 +24,7 @@ from helpers import parse, randn
 from onnx import TensorProto, helper, numpy_helper
 from test_fast_paths import model_of, weights_at_the_edges
 
+from autocast_onnx import screen_work
 from autocast_onnx.errors import InternalCheckError
 from autocast_onnx.pipeline import convert_file
 from autocast_onnx.plan import screen as screen_module
@@ -212,7 +213,7 @@ def test_a_failing_worker_falls_back_to_the_in_process_screen(monkeypatch, tmp_p
     def broken(*args):
         raise RuntimeError("the worker fails")
 
-    monkeypatch.setattr(screen_module, "_work", broken)
+    monkeypatch.setattr(screen_work, "_work", broken)
     assert WeightScreen.start(source, min_bytes=0).results(onnx.load(source)) is None
     monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
     convert_file(source, tmp_path / "fallback.onnx")
@@ -262,7 +263,7 @@ def test_the_walk_finds_the_payloads_protobuf_parses(tmp_path):
     model.graph.initializer.append(numpy_helper.from_array(np.arange(6, dtype=np.int64), "ints"))
     model.graph.initializer.append(numpy_helper.from_array(randn([3, 5], seed=8).astype(np.float16), "halves"))
     data = model.SerializeToString()
-    found = list(screen_module._fp32_payloads(data))
+    found = list(screen_work._fp32_payloads(data))
     inits = list(model.graph.initializer)
     expected = [(k, t.name) for k, t in enumerate(inits) if t.data_type == TensorProto.FLOAT and t.HasField("raw_data")]
     assert [(k, name.decode()) for k, name, _, _ in found] == [(k, n) for k, n in expected if inits[k].raw_data]

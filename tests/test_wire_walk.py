@@ -30,7 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 from wire_reencode import Variations, reencode
 from wire_reencode import varint as encode_varint
 
-from autocast_onnx import wire, worker
+from autocast_onnx import screen_work, wire, worker
 from autocast_onnx.cli.main import main as cli_main
 from autocast_onnx.errors import AutocastError
 from autocast_onnx.io import load_model
@@ -377,16 +377,16 @@ def test_a_screen_that_converted_other_bytes_is_not_used(tmp_path, worker_for_sm
     does not bear it out."""
     source = tmp_path / "chain.onnx"
     onnx.save(chain(), source)
-    real = screen_module._fp32_payloads
+    real = screen_work._fp32_payloads
 
     def swapped(data, inits=None):
         found = list(real(data, inits))
         (a, name_a, start_a, n), (b, name_b, start_b, _) = found[:2]
         return [(a, name_a, start_b, n), (b, name_b, start_a, n), *found[2:]]
 
-    monkeypatch.setattr(screen_module, "_fp32_payloads", swapped)
+    monkeypatch.setattr(screen_work, "_fp32_payloads", swapped)
     screen = WeightScreen.start(source, min_bytes=0)
-    monkeypatch.setattr(screen_module, "_fp32_payloads", real)
+    monkeypatch.setattr(screen_work, "_fp32_payloads", real)
     if where == "left-in-file":
         loaded = load_model(source, load_external=False, leave_in_file=True, prepared=screen.encoding)
         assert loaded.left_in_file is not None and len(loaded.left_in_file) == 4

@@ -29,7 +29,7 @@ CLI = [sys.executable, "-m", "autocast_onnx"]
 
 def run(args: list[str]) -> None:
     """Run the CLI quietly; a failure stops the listing (a changed exit code is a change too)."""
-    done = subprocess.run(CLI + args, capture_output=True, text=True)
+    done = subprocess.run(CLI + args, capture_output=True, text=True, cwd=ROOT)
     if done.returncode not in (0, 1):  # lint exits 1 with findings
         sys.exit(f"{' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
 
@@ -37,13 +37,15 @@ def run(args: list[str]) -> None:
 def write_outputs(out: Path) -> None:
     """Every output this listing covers, written under `out`."""
     for folder in MODEL_FOLDERS:
-        for model in sorted((ROOT / folder).glob("*.onnx")):
+        for model in sorted(
+            p.relative_to(ROOT) for p in (ROOT / folder).glob("*.onnx")
+        ):  # relative: outputs that name it match across checkouts
             for precision in ("fp16", "bf16"):
                 stem = out / f"{model.stem}.{precision}"
                 run(["convert", str(model), "-o", f"{stem}.onnx", "--precision", precision,
                      "--plan-out", f"{stem}.plan.json", "-q"])  # fmt: skip
             run(["lint", str(model), "--format", "json", "-o", str(out / f"{model.stem}.lint.json")])
-    for folder in sorted(p for p in (ROOT / TRAINING_FOLDERS).iterdir() if p.is_dir()):
+    for folder in sorted(p.relative_to(ROOT) for p in (ROOT / TRAINING_FOLDERS).iterdir() if p.is_dir()):
         run(["convert", str(folder), "-o", str(out / f"{folder.name}.fp16"), "-q"])
 
 

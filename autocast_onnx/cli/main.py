@@ -618,7 +618,8 @@ def convert(
     def body(written):
         from ..io import check_model_path, check_outputs
         from ..options import validate_options
-        from ..pipeline import convert_file, default_output_path, plan_on_data
+        from ..pipeline import convert_file, default_output_path
+        from ..validate.on_data import plan_on_data
 
         if not run_validate:
             _refuse_unused(ctx, _COMPARE_ONLY, "without --validate", "add --validate or drop them")
@@ -1088,7 +1089,7 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
     from dataclasses import replace
 
     from ..lint import lint as run_lint
-    from ..report.lint import lint_json, lint_statistics, lint_text, sarif_json
+    from ..lint.report import lint_json, lint_statistics, lint_text, sarif_json
 
     bad_inputs: list[str] = []
 
@@ -1168,7 +1169,7 @@ def rules_cmd(codes, fmt) -> None:
 
     from ..lint.catalog import load_checks
     from ..lint.engine import selected
-    from ..report.lint import rule_text, rules_markdown, rules_text
+    from ..lint.report import rule_text, rules_markdown, rules_text
 
     def body(written):
         checks = list(load_checks())
@@ -1224,8 +1225,9 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
     --op TYPE explains every node of that op type (with NODE: those that match both)."""
     import re
 
-    from ..pipeline import convert, plan_on_data
+    from ..pipeline import convert
     from ..plan.model import looks_like_regex
+    from ..validate.on_data import plan_on_data
 
     def select(plan) -> list:
         if op_type is not None and not plan.find(op=op_type):
@@ -1295,8 +1297,8 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
     import json as _json
 
     from ..io import write_text_atomic
+    from ..lint.report import sarif_json
     from ..report.checkgate import check_summary
-    from ..report.lint import sarif_json
 
     report_json = kw.get("report_json")
     report_html = kw.get("report_html")

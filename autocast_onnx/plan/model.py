@@ -21,12 +21,15 @@ Of a node entry, replay reads `precision` (which a user may edit) and checks `id
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
+from ..errors import AutocastError
 from .vocab import Category, Paint, PortRole, Precision, Seed
 
 PLAN_VERSION = 2
@@ -247,14 +250,10 @@ class PrecisionPlan:
     def from_dict(cls, data: dict, where: str = "<plan>") -> PrecisionPlan:
         """A plan from its JSON form. Raises AutocastError, naming `where` and the entry, for
         anything that is not a well-formed plan of this version."""
-        from .replay import plan_from_dict
-
         return plan_from_dict(data, where)
 
     @classmethod
     def from_json(cls, text: str, where: str = "<plan>") -> PrecisionPlan:
-        from ..errors import AutocastError
-
         try:
             data = json.loads(text)
         except ValueError as exc:
@@ -271,8 +270,6 @@ class PrecisionPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> PrecisionPlan:
-        from ..errors import AutocastError
-
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -303,3 +300,320 @@ __all__ = [
     "Seed",
     "vocabulary",
 ]
+
+
+_HINT = 'write a fresh plan with convert --plan-out and edit only the nodes\' "precision"'
+_ROLE_CODES = "".join(r.value for r in PortRole)
+_CATEGORIES = {c.rule_name for c in Category}
+_TRAINING_KINDS = ("ort-training", "onnx-training", "loss")
+
+
+# ---- the plan file's schema: every field's type, checked in one place ---------------------------
+
+
+@dataclass(frozen=True)
+class _Scalar:
+    what: str  # "a string", as the message says it
+    test: Callable[[object], bool]
+
+
+@dataclass(frozen=True)
+class _Nullable:
+    inner: _Spec
+
+    @property
+    def what(self) -> str:
+        return f"{self.inner.what} or null"
+
+
+@dataclass(frozen=True)
+class _List:
+    item: _Spec
+    what: str
+
+
+@dataclass(frozen=True)
+class _Map:
+    """An object whose keys are names (initializers, precisions) and whose values are alike."""
+
+    value: _Spec
+    what: str
+
+
+@dataclass(frozen=True)
+class _Object:
+    """An object with these keys and no others; `required` ones must be present."""
+
+    fields: dict
+    required: tuple[str, ...] = ()
+    what: str = "an object"
+
+
+_Spec: TypeAlias = _Scalar | _Nullable | _List | _Map | _Object
+
+_STR = _Scalar("a string", lambda v: isinstance(v, str))
+_INT = _Scalar("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+_PORT = _Scalar("a port number (an integer >= 0)", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+_BOOL = _Scalar("true or false", lambda v: isinstance(v, bool))
+_NUMBER = _Scalar("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+_NAMES = _List(_STR, "a list of strings")
+_ANY_OBJECT = _Map(_Scalar("any JSON value", lambda v: True), "an object")
+
+_REASON = _Object(
+    {"code": _STR, "message": _STR, "source": _Nullable(_STR), "value": _Nullable(_NUMBER)}, ("code", "message")
+)
+_NODE = _Object(
+    {
+        "id": _INT,
+        "name": _STR,
+        "op_type": _STR,
+        "domain": _STR,
+        "graph": _STR,
+        "category": _STR,
+        "precision": _STR,
+        "reasons": _List(_REASON, "a list of reasons (objects)"),
+        "roles_in": _STR,
+        "roles_out": _STR,
+        "fp32_inputs": _List(_PORT, "a list of port numbers"),
+        "fp32_outputs": _List(_PORT, "a list of port numbers"),
+    },
+    ("id", "name", "op_type", "domain", "graph", "category", "precision", "roles_in", "roles_out"),
+)
+_LOSS_SCALING = _Object(
+    {"mode": _STR, "input": _Nullable(_STR), "output": _Nullable(_STR), "gradients": _INT}, ("mode",)
+)
+_TRAINING = _Object(
+    {"kind": _STR, "graph": _STR, "losses": _NAMES, "parameters": _NAMES, "loss_scaling": _LOSS_SCALING},
+    ("kind", "graph", "losses", "parameters", "loss_scaling"),
+)
+_PLAN = _Object(
+    {
+        "version": _INT,
+        "target": _STR,
+        "keep_io_types": _BOOL,
+        "low_precision_io": _NAMES,
+        "model_fingerprint": _STR,
+        "vocabulary": _Map(_Map(_STR, "an object of strings"), "an object"),
+        "rule_files": _NAMES,
+        "summary": _Map(_INT, "an object of counts"),
+        "warnings": _List(
+            _Object({"code": _STR, "message": _STR, "node": _Nullable(_STR)}, ("code", "message")),
+            "a list of warnings (objects)",
+        ),
+        "clamp_initializers": _Map(_STR, "an object (initializer name -> why)"),
+        "training": _Nullable(_TRAINING),
+        "search": _Nullable(_ANY_OBJECT),
+        "nodes": _List(_NODE, "a list of node entries"),
+    },
+    ("version", "target", "keep_io_types", "model_fingerprint", "nodes"),
+)
+
+
+class _Malformed(Exception):
+    """A plan value that does not fit the schema: where it is (a key path) and what is wrong."""
+
+    def __init__(self, path: tuple, what: str):
+        super().__init__(what)
+        self.path, self.what = path, what
+
+
+def _check_schema(spec: _Spec, value, path: tuple) -> None:
+    """Raise _Malformed for the first value under `path` that does not fit `spec`. Recursion
+    follows the schema, not the data, so no nesting in the file can run it deep."""
+    if isinstance(spec, _Nullable):
+        if value is not None:
+            _check_schema(spec.inner, value, path)
+        return
+    if isinstance(spec, _Scalar):
+        if not spec.test(value):
+            raise _Malformed(path, f"expected {spec.what}, got {_shown(value)}")
+        return
+    if isinstance(spec, _List):
+        if not isinstance(value, list):
+            raise _Malformed(path, f"expected {spec.what}, got {_shown(value)}")
+        for k, item in enumerate(value):
+            _check_schema(spec.item, item, (*path, k))
+        return
+    if not isinstance(value, dict):
+        raise _Malformed(path, f"expected {spec.what}, got {_shown(value)}")
+    if isinstance(spec, _Map):
+        for key, item in value.items():
+            if not isinstance(key, str):  # only from Python: JSON keys are strings
+                raise _Malformed(path, f"key {key!r} is not a string")
+            _check_schema(spec.value, item, (*path, key))
+        return
+    for key in spec.required:
+        if key not in value:
+            raise _Malformed(path, f'"{key}" is missing')
+    for key, item in value.items():
+        field_spec = spec.fields.get(key)
+        if field_spec is None:
+            raise _Malformed(path, f"unknown key {key!r} (a plan has the keys --plan-out writes, no others)")
+        _check_schema(field_spec, item, (*path, key))
+
+
+def _shown(value) -> str:
+    """A value as an error message repeats it: JSON's words for scalars, a clipped repr for text
+    (quoted, so a newline in it cannot split the line), the kind of a container."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        try:
+            text = repr(value)
+        except ValueError:  # an int too long to print (Python's digit limit)
+            return "a number too long to print"
+        return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57] + "...")
+    return "a list" if isinstance(value, list) else "an object"
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _path_text(path: tuple) -> str:
+    """A key path as messages show it: nodes[3].reasons[0].source, clamp_initializers['w\\n1']."""
+    out = ""
+    for key in path:
+        if isinstance(key, int):
+            out += f"[{key}]"
+        elif isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+            out += f".{key}" if out else key
+        else:
+            out += f"[{key!r}]"
+    return out
+
+
+def _located(data, path: tuple) -> str:
+    """Where in the plan: the quoted key path, and the node's name for a path inside a node entry."""
+    text = f'"{_path_text(path)}"' if path else "the plan"
+    if len(path) >= 2 and path[0] == "nodes" and isinstance(path[1], int):
+        entry = data["nodes"][path[1]]
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"]:
+            text += f" (node {entry['name']!r})"
+    return text
+
+
+def _op(op_type: str) -> str:
+    """An op type as messages show it: bare when it is a plain name, quoted otherwise."""
+    return op_type if re.fullmatch(r"[A-Za-z0-9_.:]+", op_type) else repr(op_type)
+
+
+# ---- reading a plan ------------------------------------------------------------------------------
+
+
+def plan_from_dict(data, where: str) -> PrecisionPlan:
+    """Parse the JSON form of a plan, refusing anything malformed with its key path named: first
+    the version, then every field's type (`_PLAN`), then what the types cannot say (codes,
+    node order, loss scaling)."""
+    if not isinstance(data, dict) or "nodes" not in data:
+        raise AutocastError('not a plan file (no "nodes")', where, "pass a file written by convert --plan-out")
+    version = data.get("version")
+    if version != PLAN_VERSION or isinstance(version, bool):
+        raise AutocastError(
+            f"plan version {_shown(version)} is not supported (this autocast-onnx reads version {PLAN_VERSION})",
+            where,
+            "re-create the plan with convert --plan-out",
+        )
+    try:
+        _check_schema(_PLAN, data, ())
+    except _Malformed as bad:
+        where_in_plan = _located(data, bad.path)
+        what = f"{where_in_plan}: {bad.what}" if bad.path else bad.what
+        raise AutocastError(what, where, _HINT) from None
+    try:
+        target = Precision.target(data["target"])
+    except ValueError:
+        raise AutocastError(f'"target" must be fp16 or bf16, not {data["target"]!r}', where, _HINT) from None
+    if not data["model_fingerprint"]:
+        raise AutocastError('the plan has no "model_fingerprint"', where, _HINT)
+    nodes = [_node_entry(k, entry, where) for k, entry in enumerate(data["nodes"])]
+    training = data.get("training")
+    if training is not None:
+        _check_training(training, where)
+    plan = PrecisionPlan(
+        target=target,
+        keep_io_types=data["keep_io_types"],
+        nodes=nodes,
+        rule_files=data.get("rule_files", []),
+        warnings=[PlanWarning(**w) for w in data.get("warnings", [])],
+        clamp_initializers=data.get("clamp_initializers", {}),
+        fingerprint=data["model_fingerprint"],
+        low_precision_io=data.get("low_precision_io", []),
+    )
+    plan.training = training
+    return plan
+
+
+def _node_entry(k: int, entry: dict, where: str) -> NodePlan:
+    """One node entry, its fields' types already checked: the codes and the order checked too."""
+    named = f" (node {entry['name']!r})" if entry["name"] else ""
+
+    def refuse(key: str, what: str, hint: str = _HINT):
+        raise AutocastError(f'"nodes[{k}].{key}"{named}: {what}', where, hint)
+
+    if entry["id"] != k:
+        refuse("id", f"{entry['id']} in place {k}: nodes must stay in id order", "do not reorder, add or remove nodes")
+    if entry["precision"] not in PRECISIONS:
+        refuse(
+            "precision",
+            f"precision {entry['precision']!r} is not one of fp16, bf16, fp32, unchanged",
+            'fix the node\'s "precision"',
+        )
+    if entry["category"] not in _CATEGORIES:
+        refuse("category", f"{entry['category']!r} is not one of {', '.join(sorted(_CATEGORIES))}")
+    for key, pins in (("roles_in", "fp32_inputs"), ("roles_out", "fp32_outputs")):
+        bad = set(entry[key]) - set(_ROLE_CODES)
+        if bad:
+            refuse(key, f"unknown role code(s) {''.join(sorted(bad))!r} (codes: {''.join(_ROLE_CODES)})")
+        for n, port in enumerate(entry.get(pins, [])):
+            if port >= len(entry[key]):
+                refuse(f"{pins}[{n}]", f"port {port}, but {key} gives the node {len(entry[key])}")
+    return NodePlan(
+        id=entry["id"],
+        name=entry["name"],
+        op_type=entry["op_type"],
+        domain=entry["domain"],
+        graph=entry["graph"],
+        category=entry["category"],
+        precision=entry["precision"],
+        reasons=[Reason(**r) for r in entry.get("reasons", [])],
+        roles_in=entry["roles_in"],
+        roles_out=entry["roles_out"],
+        fp32_inputs=list(entry.get("fp32_inputs", [])),
+        fp32_outputs=list(entry.get("fp32_outputs", [])),
+    )
+
+
+def _check_training(training: dict, where: str) -> None:
+    """The training entry's values: its kind, a loss-scaling mode replay can apply, and the
+    scaling's input, output and gradient count together (the report reads them together)."""
+    if training["kind"] not in _TRAINING_KINDS:
+        raise AutocastError(
+            f'"training.kind": {training["kind"]!r} is not one of {", ".join(_TRAINING_KINDS)}', where, _HINT
+        )
+    scaling = training["loss_scaling"]
+    if not _is_loss_scale(scaling["mode"]):
+        raise AutocastError(
+            f'"training.loss_scaling.mode": {scaling["mode"]!r} is not dynamic, none or a number > 0', where, _HINT
+        )
+    parts = [key for key in ("input", "output", "gradients") if key in scaling]
+    if parts and len(parts) != 3:
+        missing = next(key for key in ("input", "output", "gradients") if key not in scaling)
+        raise AutocastError(
+            f'"training.loss_scaling": "{missing}" is missing (input, output and gradients go together)',
+            where,
+            _HINT,
+        )
+
+
+def _is_loss_scale(mode: str) -> bool:
+    if mode in ("dynamic", "none"):
+        return True
+    try:
+        value = float(mode)
+    except ValueError:
+        return False
+    return math.isfinite(value) and 0 < value <= 3.4028234663852886e38

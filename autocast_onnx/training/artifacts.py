@@ -290,7 +290,7 @@ def process_folder(in_dir: Path, out_dir: Path, handle, result: ArtifactsResult,
     staged in a temporary folder beside `out_dir` and renamed into place at the end. With
     `hold`, an earlier output renamed aside is kept until `result.settle(keep)`: a caller that
     fails after this returns (while it reports the run) can still undo the run whole."""
-    from .. import __version__
+    from .._version import __version__
     from ..io import _umask
 
     in_dir = Path(in_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import __version__
+from .._version import __version__
 from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index

@@ -7,9 +7,9 @@ import json
 from collections import Counter
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..diagnostics import SEVERITIES
-from ..lint.catalog import load_checks
+from .catalog import load_checks
 
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 LINT_SCHEMA_VERSION = 1

@@ -1,0 +1,82 @@
+"""Planning on data: run the fp32 model before planning, to record tensor ranges (calibration)
+and to search for the fewest nodes to keep fp32 for an accuracy target. Its results go to
+`convert(..., calibration=, force_fp32=)`; `autocast_onnx.plan_on_data` is this module's."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..graph.sanity import load_checked
+
+
+@dataclass
+class DataPlanning:
+    """What measuring on data adds to a plan: calibration ranges and the nodes the accuracy
+    search keeps fp32, with the search's log."""
+
+    calibration: dict | None = None  # tensor name -> TensorRange
+    force_fp32: dict | None = None  # node id -> Reason
+    search_log: dict | None = None
+
+
+def plan_on_data(
+    model: str | os.PathLike,
+    plan_options=None,
+    *,
+    calibration_data=None,
+    targets=(),
+    validation=None,
+    progress=None,
+    note=None,
+) -> DataPlanning:
+    """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
+    of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
+    nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
+    or batches generated from its dims, ranges, seed and batch count). The result's fields go to
+    `convert(..., calibration=, force_fp32=)`."""
+    from ..options import plan_options as _plan_options
+    from . import runner
+    from .core import ValidateOptions
+    from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
+
+    out = DataPlanning()
+    if calibration_data is None and not targets:
+        return out
+    plan_options = plan_options or _plan_options()
+    validation = validation or ValidateOptions()
+    source = load_checked(model).model
+    specs = describe_inputs(source)
+    device, _ = runner.resolve_device(validation.device)
+    goal = None
+    if targets:
+        from ..options import parse_targets
+
+        goal = parse_targets(targets)
+    # every input is checked (headers only) before any long run starts
+    if calibration_data is not None:
+        check_batches(calibration_data, specs)
+    if goal is not None and validation.inputs:
+        check_batches(validation.inputs, specs)
+    if calibration_data is not None:
+        from .calibrate import calibrate
+
+        out.calibration = calibrate(source, load_batches(calibration_data, specs), device, progress)
+    if goal is not None:
+        from .search import search
+
+        if validation.inputs:
+            batches = load_batches(validation.inputs, specs)
+        else:
+            in_plan = plan_inputs(specs, validation.dims, validation.ranges)
+            batches = [generate(in_plan, seed=validation.seed + k) for k in range(validation.batches)]
+        out.force_fp32, out.search_log = search(
+            source,
+            batches,
+            dict(plan_options.convert_kwargs(), calibration=out.calibration),
+            goal,
+            device,
+            progress,
+            note,
+        )
+    return out
