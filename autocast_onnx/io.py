@@ -1049,32 +1049,15 @@ def save_model(
         if spill is not None and not external_data:
             raise InternalCheckError("converted payloads were spilled to external data, but the save is in one piece")
         if external_data:
-            if spill is not None:
-                data_tmp, fh = spill.path, spill.fh
-            else:
-                data_tmp = _temp_path(parent, data_name)
-                fh = open(data_tmp, "wb")
+            data_tmp = spill.path if spill is not None else _temp_path(parent, data_name)
             temps.append(data_tmp)
-            with fh:
-                placed = _fill_data_file(
-                    fh, model, data_name, spill, source_dir, in_path, moved if restore else None, sources
-                )
-                fh.flush()
-                os.fsync(fh.fileno())
+            placed = _write_data_file(
+                data_tmp, model, data_name, spill, source_dir, in_path, moved if restore else None, sources
+            )
             if placed:  # else nothing points at it: no data file, the model is in one piece
                 finals.append((data_tmp, parent / data_name))
-        if not external_data and find_external:
-            for tensor in _all_tensors_for_external(model.graph):
-                if is_external(tensor):
-                    if source_dir is None:
-                        raise _no_source_dir(tensor)
-                    sources.add(external_location(tensor, source_dir, str(in_path))[0])
-                    raw = read_external(tensor, source_dir, str(in_path))
-                    moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
-                    del tensor.external_data[:]
-                    tensor.ClearField("data_location")
-                    tensor.raw_data = raw
-                    payload = None
+        if not external_data and find_external and _read_external_in(model, source_dir, in_path, moved, sources):
+            payload = None  # the bytes given no longer say what the model holds
         if payload is None or external_data:
             payload = model.SerializeToString()
         if in_place:  # a FIFO or device (/dev/null): written as it is, never replaced
@@ -1083,34 +1066,9 @@ def save_model(
         model_tmp = _temp_path(parent, out_path.name)
         temps.append(model_tmp)
         finals.append((model_tmp, out_path))
-        with open(model_tmp, "wb") as fh:
-            if verify is not None and not external_data:
-                # the write waits in the kernel, without the GIL, while the check parses these
-                # bytes or their stand-in (renamed into place only after both); the fsync needs
-                # the GIL to start, which the checker holds, so it comes after the check. Pieces
-                # are written first, here: a writev per IOV_MAX buffers, each needing the GIL to
-                # start, would wait for the whole check in a thread; their fsync waits beside it.
-                if isinstance(payload, Pieces):
-                    payload.write_to(fh.fileno())
-                    writing = _InBackground(os.fsync, fh.fileno())
-                else:
-                    writing = _InBackground(_write_and_sync, fh, payload)
-                try:
-                    verify(payload)
-                finally:
-                    writing.wait()
-            else:
-                _write_and_sync(fh, payload)
-            payload = None
-        done = []
-        try:
-            for tmp, final in finals:
-                os.replace(tmp, final)
-                done.append(final)
-        except OSError:
-            for final in done:  # ours and incomplete without the rest: remove
-                final.unlink(missing_ok=True)
-            raise
+        _write_model_file(model_tmp, payload, verify if not external_data else None)
+        payload = None
+        done = _rename_into_place(finals)
         if parent / data_name not in done:
             _remove_stale_data(parent / data_name, sources | ({in_path} if in_path is not None else set()))
         return done
@@ -1126,6 +1084,73 @@ def save_model(
                 tmp.unlink()
         for tensor, original in moved:
             _restore(tensor, original)
+
+
+def _write_data_file(data_tmp: Path, model, data_name: str, spill, source_dir, in_path, moved, sources: set) -> int:
+    """Fill the data file `data_tmp` (the spill's, which already holds the converted payloads, or a
+    new temporary) with the model's large tensors and sync it; returns how many tensors point there."""
+    fh = spill.fh if spill is not None else open(data_tmp, "wb")
+    with fh:
+        placed = _fill_data_file(fh, model, data_name, spill, source_dir, in_path, moved, sources)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return placed
+
+
+def _read_external_in(model: onnx.ModelProto, source_dir, in_path, moved: list, sources: set) -> bool:
+    """For a save in one piece: read every tensor stored as external data into the model (each
+    original kept in `moved` for restoring, each source file in `sources`); returns whether any was."""
+    found = False
+    for tensor in _all_tensors_for_external(model.graph):
+        if is_external(tensor):
+            if source_dir is None:
+                raise _no_source_dir(tensor)
+            sources.add(external_location(tensor, source_dir, str(in_path))[0])
+            raw = read_external(tensor, source_dir, str(in_path))
+            moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+            tensor.raw_data = raw
+            found = True
+    return found
+
+
+def _write_model_file(model_tmp: Path, payload: bytes | Pieces, verify) -> None:
+    """Write and sync the model's bytes to its temporary; `verify(payload)` (None: no check) runs
+    while they are written, and a failure of either leaves the temporary for the caller to remove."""
+    with open(model_tmp, "wb") as fh:
+        if verify is None:
+            _write_and_sync(fh, payload)
+            return
+        # the write waits in the kernel, without the GIL, while the check parses these bytes or
+        # their stand-in (renamed into place only after both); the fsync needs the GIL to start,
+        # which the checker holds, so it comes after the check. Pieces are written first, here: a
+        # writev per IOV_MAX buffers, each needing the GIL to start, would wait for the whole check
+        # in a thread; their fsync waits beside it.
+        if isinstance(payload, Pieces):
+            payload.write_to(fh.fileno())
+            writing = _InBackground(os.fsync, fh.fileno())
+        else:
+            writing = _InBackground(_write_and_sync, fh, payload)
+        try:
+            verify(payload)
+        finally:
+            writing.wait()
+
+
+def _rename_into_place(finals: list[tuple[Path, Path]]) -> list[Path]:
+    """Rename each temporary to its final name; if one fails, remove those already renamed (this
+    save's, and incomplete without the rest) and raise. Returns the final paths."""
+    done: list[Path] = []
+    try:
+        for tmp, final in finals:
+            os.replace(tmp, final)
+            done.append(final)
+    except OSError:
+        for final in done:
+            final.unlink(missing_ok=True)
+        raise
+    return done
 
 
 def _fill_data_file(fh, model, data_name: str, spill, source_dir, in_path, moved, sources: set) -> int:

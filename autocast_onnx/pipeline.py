@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
 import time
@@ -14,15 +15,16 @@ from pathlib import Path
 
 import onnx
 
-from .catalog import load_rules
+from .catalog import RuleSet, load_rules
 from .catalog.loader import check_op_type
 from .dtypes import FLOAT, dtype_name
-from .errors import AutocastError
+from .errors import AutocastError, InternalCheckError
 from .graph import build_index
 from .graph.sanity import blame_input, check_input, load_checked
 from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
     LoadedModel,
+    PayloadsInFile,
     PayloadSpill,
     Pieces,
     check_model_path,
@@ -51,6 +53,8 @@ from .rewrite.loss_scale import (
     unscale_gradients,
 )
 from .splice import HeldPayloads
+
+log = logging.getLogger(__name__)
 
 # Checks run on every converted model: "basic" is onnx.checker (structure, schemas, attributes);
 # "full" adds ONNX shape and type inference over the whole graph (as slow as the conversion itself
@@ -291,6 +295,67 @@ def _target(precision) -> Precision:
         raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16") from None
 
 
+class StageError(InternalCheckError):
+    """An unexpected exception inside a stage of the conversion (a bug, not bad input), named by
+    the stage it happened in: the command line's one-line internal error then says where."""
+
+    def __init__(self, stage: str, exc: BaseException):
+        detail = " ".join(str(exc).split())
+        kind = "" if isinstance(exc, InternalCheckError) else type(exc).__name__
+        said = f"{kind}: {detail}" if kind and detail else (kind or detail)
+        super().__init__(f"in stage {stage}: {said}")
+        self.stage = stage
+
+
+# what a stage lets through unchanged: bad input (exit 2), the machine's limit (run_guarded says
+# "out of memory"), and a failure already named by an inner stage
+_PASS_THROUGH = (AutocastError, MemoryError, StageError)
+
+
+@contextmanager
+def _stage(name: str, timings: dict | None = None, key: str | None = None):
+    """Run one named stage of a conversion: logs its start and end (-v), adds its seconds to
+    `timings[key]` (the summary's stage times; several stages may share a key), and turns an
+    unexpected exception into a StageError that names it."""
+    log.debug("stage %s: start", name)
+    start = time.perf_counter()
+    try:
+        yield
+    except _PASS_THROUGH:
+        raise
+    except Exception as exc:
+        raise StageError(name, exc) from exc
+    seconds = time.perf_counter() - start
+    if timings is not None and key is not None:
+        timings[key] = timings.get(key, 0.0) + seconds
+    log.debug("stage %s: done in %.3f s", name, seconds)
+
+
+@dataclass
+class _Selection:
+    """A fresh plan's planning options, read and compiled before any work on the model."""
+
+    rule_set: RuleSet
+    exclude_ops: tuple
+    exclude_nodes: list
+    include_nodes: list
+    calibration: Mapping | None
+    force_fp32: object
+    strict: bool
+    low_precision_io: str | None
+
+
+@dataclass
+class _Sizes:
+    """Initializer and Constant-node bytes, before and after the rewrite."""
+
+    initializers_before: int
+    constants: list
+    constants_before: int
+    initializers_after: int = 0
+    constants_after: int = 0
+
+
 def _convert_loaded(
     loaded: LoadedModel,
     *,
@@ -312,150 +377,74 @@ def _convert_loaded(
     screen: WeightScreen | None = None,
     held: HeldPayloads | None = None,
 ) -> ConversionResult:
-    """Convert a loaded model. `screen` (a WeightScreen started on the model's file) is used
-    when the conversion screens fp16 payloads in memory, and stopped in any case. `held` (a
-    save in one piece follows) keeps converted payloads out of their tensors until the save
-    splices them in (splice.py)."""
-    if plan is not None:
-        plan = _replayed_plan(
-            plan,
-            precision,
-            keep_io_types,
-            {
-                "rules": rules,
-                "exclude_ops": exclude_ops,
-                "exclude_nodes": exclude_nodes,
-                "include_nodes": include_nodes,
-                "calibration": calibration,
-                "force_fp32": force_fp32,
-                "low_precision_io": low_precision_io,
-            },
-        )
-        target = plan.target
-    else:
-        target = _target(precision)
-        keep_io_types = True if keep_io_types is None else keep_io_types
+    """Convert a loaded model, stage by stage (each logged with -v and named in an unexpected
+    error). `screen` (a WeightScreen started on the model's file) is used when the conversion
+    screens fp16 payloads in memory, and stopped in any case. `held` (a save in one piece follows)
+    keeps converted payloads out of their tensors until the save splices them in (splice.py)."""
     where = str(loaded.path) if loaded.path else "<model>"
     model = loaded.model
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is not None and opset < MIN_OPSET[target]:
-        raise AutocastError(
-            f"default-domain opset {opset} cannot express {target} casts (needs opset >= {MIN_OPSET[target]})",
-            where,
-            "upgrade the model with onnx.version_converter first; autocast-onnx does not change the opset itself",
-        )
-    if plan is not None and plan.training is not None:
-        loss_scale = _replayed_loss_scale(plan, loss_scale)
-    if plan is None:
-        for op in exclude_ops:
-            check_op_type(op, "--exclude-op")
-        rule_set = load_rules(list(rules))
-        excl_nodes = compile_patterns(exclude_nodes, "--exclude-node")
-        incl_nodes = compile_patterns(include_nodes, "--include-node")
+    planning = {"rules": rules, "exclude_ops": exclude_ops, "exclude_nodes": exclude_nodes}
+    planning |= {"include_nodes": include_nodes, "calibration": calibration, "force_fp32": force_fp32}
+    planning |= {"low_precision_io": low_precision_io}
+    with _stage("resolve target"):
+        plan, target, keep_io_types = _resolve_target(plan, precision, keep_io_types, planning)
+    with _stage("check opset"):
+        _check_opset(model, target, where)
+    with _stage("read options"):
+        selection = None if plan is not None else _read_selection(planning, strict)
+        if plan is not None and plan.training is not None:
+            loss_scale = _replayed_loss_scale(plan, loss_scale)
     # fp16 payloads converted once, by the data rules' screen, for the rewrite to store; only
     # when the converted weights stay in memory anyway (no spill to an external-data file). The
     # screen runs in a worker on the second core while this process indexes (plan/screen.py).
     payloads: dict | None = {} if spill is None and target is Precision.FP16 else None
-    if screen is not None and (payloads is None or plan is not None):
-        screen.close()
-        screen = None
+    if payloads is None or plan is not None:
+        screen = _stopped(screen)
     try:
         with _no_gc():
-            t = time.perf_counter()
-            index = build_index(model, where, loaded.path.parent if loaded.path else None, loaded.external_checked)
-            training, scale = _training_setup(
-                model, index, loss_scale, keep_io_types if plan is None else plan.keep_io_types, where
-            )
-            if scale is not None:  # the backward seed became the scale: index the graph as it is now
-                index = build_index(model, where, loaded.path.parent if loaded.path else None, loaded.external_checked)
-                if screen is not None:  # it screened the model as it was
-                    screen.close()
-                    screen = None
-            low_io, low_io_notes = (
-                _low_precision_io(index, low_precision_io, training, where) if plan is None else ([], [])
-            )
-            left = loaded.left_in_file
-            bytes_before = _initializer_bytes(index, left.sizes() if left is not None and scale is None else None)
-            constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
-            constant_bytes_before = _constant_bytes(constants)
-            timings["index"] = time.perf_counter() - t
-            t = time.perf_counter()
-            shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
-            work = (
-                [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
-                if shapes is not None
-                else None
-            )
-            if plan is None:
-                head = training is None or not training.has_backward
-                macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None
-                classification = classify(
-                    index,
-                    rule_set,
-                    target,
-                    exclude_ops=exclude_ops,
-                    exclude_nodes=excl_nodes,
-                    include_nodes=incl_nodes,
-                    ranges=calibration,
-                    force_fp32=force_fp32,
-                    output_head=head,
-                    macs=macs,
-                    payloads=payloads,
-                    screened=(
-                        screen.results(model, index.main.initializer_names, left_in_file=loaded.left_in_file)
-                        if screen is not None
-                        else None
-                    ),
-                )
-                unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
-                if strict and unmatched:
-                    more = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
-                    raise AutocastError(
-                        unmatched[0] + more, where, "fix the selector or drop it; without --strict it is a warning"
+            with _stage("index", timings, "index"):
+                index = _index(loaded, where)
+            with _stage("prepare training", timings, "index"):
+                training, scale = _training_setup(model, index, loss_scale, keep_io_types, where)
+                if scale is not None:  # the backward seed became the scale: index the graph as it is now
+                    index = _index(loaded, where)
+                    screen = _stopped(screen)  # it screened the model as it was
+            with _stage("measure", timings, "index"):
+                low_io = _low_precision_io(index, selection.low_precision_io, training, where) if selection else None
+                sizes = _sizes_before(index, loaded, scale)
+            with _stage("plan", timings, "plan"):
+                shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
+                work = _work(index, shapes)
+                if selection is not None:
+                    screened = _screened(screen, loaded, index)
+                    plan = _fresh_plan(
+                        index, selection, target, keep_io_types, training, work, low_io, payloads, screened, where
                     )
-                plan = paint(
-                    index,
-                    classification,
-                    target,
-                    keep_io_types,
-                    rule_set.files,
-                    order=global_order(index),
-                    low_precision_io=low_io,
+                else:
+                    check_plan_fits(plan, index)
+            with _stage("apply", timings, "apply"):
+                stats = apply_plan(index, plan, spill, payloads, held)
+                payloads = None
+                scaling = (
+                    unscale_gradients(model, training, scale) if scale is not None and training is not None else None
                 )
-                plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_io_notes)
-            else:
-                check_plan_fits(plan, index)
-            timings["plan"] = time.perf_counter() - t
-            t = time.perf_counter()
-            stats = apply_plan(index, plan, spill, payloads, held)
-            payloads = None
-            scaling = None
-            if scale is not None and training is not None:
-                scaling = unscale_gradients(model, training, scale)
-            timings["apply"] = time.perf_counter() - t
-            bytes_after = bytes_before + stats.initializer_bytes_delta
-            constant_bytes_after = _constant_bytes(constants)
+            with _stage("measure result"):
+                sizes.initializers_after = sizes.initializers_before + stats.initializer_bytes_delta
+                sizes.constants_after = _constant_bytes(sizes.constants)
     finally:
-        if screen is not None:
-            screen.close()
-    if training is not None:
-        plan.training = {"kind": training.kind, "graph": training.describe(), "losses": list(training.losses)}
-        plan.training["parameters"] = list(training.parameters)
-        plan.training["loss_scaling"] = scaling.to_dict() if scaling else {"mode": training.loss_scale or "none"}
-    if check not in CHECKS:
-        raise AutocastError(f"unknown check level {check!r}", "--check", "use full, basic or none")
-    if check != "none":
-        t = time.perf_counter()
-        check_result(model, full=check == "full")
-        timings["check"] = time.perf_counter() - t
+        _stopped(screen)
+    with _stage("record training"):
+        _record_training(plan, training, scaling)
+    with _stage("check", timings, "check" if check != "none" else None):
+        _check(model, check)
     return ConversionResult(
         model=model,
         plan=plan,
         stats=stats,
-        initializer_bytes_before=bytes_before,
-        initializer_bytes_after=bytes_after,
-        constant_bytes_before=constant_bytes_before,
-        constant_bytes_after=constant_bytes_after,
+        initializer_bytes_before=sizes.initializers_before,
+        initializer_bytes_after=sizes.initializers_after,
+        constant_bytes_before=sizes.constants_before,
+        constant_bytes_after=sizes.constants_after,
         seconds=timings,
         training=training,
         loss_scaling=scaling,
@@ -463,6 +452,134 @@ def _convert_loaded(
         macs=work,
         external_tensors=index.external_tensors,
     )
+
+
+def _resolve_target(plan, precision, keep_io_types, planning: dict) -> tuple[PrecisionPlan | None, Precision, bool]:
+    """(the plan to replay or None, the target precision, keep_io_types): a replayed plan decides
+    the last two, after refusing options that contradict it or would have no effect with it."""
+    if plan is None:
+        return None, _target(precision), True if keep_io_types is None else keep_io_types
+    plan = _replayed_plan(plan, precision, keep_io_types, planning)
+    return plan, plan.target, plan.keep_io_types
+
+
+def _check_opset(model: onnx.ModelProto, target: Precision, where: str) -> None:
+    """Refuse a model whose default-domain opset has no Cast to the target type."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset < MIN_OPSET[target]:
+        raise AutocastError(
+            f"default-domain opset {opset} cannot express {target} casts (needs opset >= {MIN_OPSET[target]})",
+            where,
+            "upgrade the model with onnx.version_converter first; autocast-onnx does not change the opset itself",
+        )
+
+
+def _read_selection(planning: dict, strict: bool) -> _Selection:
+    """A fresh plan's options, checked and compiled: op types, rule files, node patterns."""
+    for op in planning["exclude_ops"]:
+        check_op_type(op, "--exclude-op")
+    rule_set = load_rules(list(planning["rules"]))
+    return _Selection(
+        rule_set=rule_set,
+        exclude_ops=planning["exclude_ops"],
+        exclude_nodes=compile_patterns(planning["exclude_nodes"], "--exclude-node"),
+        include_nodes=compile_patterns(planning["include_nodes"], "--include-node"),
+        calibration=planning["calibration"],
+        force_fp32=planning["force_fp32"],
+        strict=strict,
+        low_precision_io=planning["low_precision_io"],
+    )
+
+
+def _stopped(screen: WeightScreen | None) -> WeightScreen | None:
+    """Stop the weight screen if it runs: returns None (no screen), for `screen = _stopped(screen)`."""
+    if screen is not None:
+        screen.close()
+    return None
+
+
+def _index(loaded: LoadedModel, where: str):
+    return build_index(loaded.model, where, loaded.path.parent if loaded.path else None, loaded.external_checked)
+
+
+def _sizes_before(index, loaded: LoadedModel, scale) -> _Sizes:
+    """Initializer and Constant bytes of the input (the payloads left in the file measured by the
+    loader, unless the loss scaling changed the model)."""
+    left = loaded.left_in_file
+    constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
+    return _Sizes(
+        initializers_before=_initializer_bytes(index, left.sizes() if left is not None and scale is None else None),
+        constants=constants,
+        constants_before=_constant_bytes(constants),
+    )
+
+
+def _work(index, shapes) -> list | None:
+    """(node id, multiply-accumulates) per MatMul/Gemm/Conv of the main graph; None without shapes."""
+    if shapes is None:
+        return None
+    return [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
+
+
+def _screened(screen: WeightScreen | None, loaded: LoadedModel, index):
+    """The weight screen's verdicts on the main graph's initializers (None without a screen)."""
+    if screen is None:
+        return None
+    return screen.results(loaded.model, index.main.initializer_names, left_in_file=loaded.left_in_file)
+
+
+def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, work, low_io, payloads, screened, where):
+    """Classify every node and paint the precision plan (with --strict, a selector that matches
+    no node is an error)."""
+    head = training is None or not training.has_backward
+    macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None
+    classification = classify(
+        index,
+        selection.rule_set,
+        target,
+        exclude_ops=selection.exclude_ops,
+        exclude_nodes=selection.exclude_nodes,
+        include_nodes=selection.include_nodes,
+        ranges=selection.calibration,
+        force_fp32=selection.force_fp32,
+        output_head=head,
+        macs=macs,
+        payloads=payloads,
+        screened=screened,
+    )
+    unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
+    if selection.strict and unmatched:
+        more = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
+        raise AutocastError(unmatched[0] + more, where, "fix the selector or drop it; without --strict it is a warning")
+    low_names, low_notes = low_io
+    plan = paint(
+        index,
+        classification,
+        target,
+        keep_io_types,
+        selection.rule_set.files,
+        order=global_order(index),
+        low_precision_io=low_names,
+    )
+    plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_notes)
+    return plan
+
+
+def _record_training(plan: PrecisionPlan, training, scaling) -> None:
+    """Record in the plan what kind of training graph was converted and its loss scaling."""
+    if training is None:
+        return
+    plan.training = {"kind": training.kind, "graph": training.describe(), "losses": list(training.losses)}
+    plan.training["parameters"] = list(training.parameters)
+    plan.training["loss_scaling"] = scaling.to_dict() if scaling else {"mode": training.loss_scale or "none"}
+
+
+def _check(model: onnx.ModelProto, check: str) -> None:
+    """The output check at the level asked (CHECKS)."""
+    if check not in CHECKS:
+        raise AutocastError(f"unknown check level {check!r}", "--check", "use full, basic or none")
+    if check != "none":
+        check_result(model, full=check == "full")
 
 
 def _low_precision_io(index, pattern: str | None, training, where: str) -> tuple[list[str], list[str]]:
@@ -588,8 +705,59 @@ def convert_file(
             screen.close()
 
 
+@dataclass
+class _Output:
+    """How the converted model is written: decided from the loaded input before converting."""
+
+    external_data: bool | None  # None: as the size decides (save_model)
+    big: bool  # checked by reading the written file back, not in memory
+    stream: bool  # a FIFO or device, written in place
+    in_memory: bool  # serialized once, for the check and the file
+    left: PayloadsInFile | None  # payloads still in the input file, read back before the save
+    spill: PayloadSpill | None  # the external-data file the rewrite writes converted payloads to
+    held: HeldPayloads | None  # converted payloads the save splices into the file's bytes
+
+
 def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen, start, options) -> ConversionResult:
-    t = time.perf_counter()
+    """convert_file's work, stage by stage: load, choose how to write, convert, read back the
+    weights kept in the input, serialize, save, check the written files, write the plan."""
+    timings: dict = {}
+    with _stage("load", timings, "load"):
+        loaded = _load_checked(in_path, screen, onnx_checker=options.get("check") == "none")
+    check = options.pop("check", "basic")
+    with _stage("choose output"):
+        _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
+        output = _choose_output(loaded, in_path, out_path, external_data, check)
+    try:
+        result = _convert_loaded(
+            loaded, check="none" if (output.big or output.in_memory or output.spill) else check, timings=timings,
+            spill=output.spill, screen=screen, held=output.held, **_api_options(options),
+        )  # fmt: skip
+    except BaseException:
+        if output.spill is not None:
+            output.spill.discard()
+        raise
+    with _stage("read back kept weights"):
+        _read_back(result, output)
+    serialized: dict = {}  # the payload is handed over, not kept here: save_model lets go of it
+    t_save = time.perf_counter()  # the serialization is part of the save
+    with _stage("serialize"):
+        verify = _serialize(result, output, check, timings, serialized) if output.in_memory else None
+    with _stage("save"):
+        _save(result, in_path, out_path, output, serialized, verify)
+    # a model in one piece was checked inside the save: its time is counted once, as check
+    timings["save"] = time.perf_counter() - t_save - timings.get("check", 0.0)
+    if check != "none" and (output.big or output.spill is not None):  # the weights are on disk
+        with _stage("check written files", timings, "check"):
+            check_file(out_path, full=check == "full")
+    with _stage("write plan"):
+        _write_plan(result, search_log, plan_out)
+    timings["total"] = time.perf_counter() - start
+    return result
+
+
+def _load_checked(in_path: Path, screen: WeightScreen | None, onnx_checker: bool) -> LoadedModel:
+    """Load the model and refuse a malformed one before any work (graph/sanity.py)."""
     # External data stays on disk until a tensor is needed (and unchanged tensors are copied
     # across file to file), so memory follows the weights that are converted, not the model.
     # With the weight screen running (a model in memory, fp16), the main graph's fp32 payloads are
@@ -602,36 +770,27 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
             leave_in_file=screen is not None,
             prepared=screen.encoding if screen is not None else None,  # the worker's walk of the file
         )
-        # a malformed model: refused before any work (graph/sanity.py); onnx.checker's look at the
-        # nodes is the output check's, unless there is none (convert_file blames the input then)
+        # onnx.checker's look at the nodes is the output check's, unless there is none (convert_file
+        # blames the input then)
         check_input(
             loaded.model,
             str(in_path),
             in_path.parent,
-            onnx_checker=options.get("check") == "none",
+            onnx_checker=onnx_checker,
             left_in_file=loaded.left_in_file,  # checked by the loader against its parse: not twice
         )
-    timings = {"load": time.perf_counter() - t}
-    _refuse_overwriting_inputs(in_path, loaded.external_files, out_path, plan_out)
-    check = options.pop("check", "basic")
+    return loaded
+
+
+def _choose_output(loaded: LoadedModel, in_path: Path, out_path: Path, external_data, check: str) -> _Output:
+    """How to write the converted model: in one piece or with external data, checked in memory or
+    from the written file; refuses what a FIFO or device output cannot give."""
     # A converted model is at most 1.5x its input (fp16 copies of fp32 weights), so the file size
     # tells whether the checker can take it in memory without serializing it to find out.
     big = loaded.external_data or loaded.file_bytes * 1.5 > CHECK_LIMIT
     stream = output_kind(out_path) == "stream"
     if stream:
-        # a FIFO or device is written in place: no data file beside it, nothing to read back
-        if external_data or (external_data is None and loaded.external_data):
-            raise AutocastError(
-                "cannot write external data beside a FIFO or device",
-                str(out_path),
-                "write the model to a regular file, or pass --no-external-data",
-            )
-        if big and check != "none":
-            raise AutocastError(
-                "a model this large is checked by reading the written file back, which a FIFO or device cannot give",
-                str(out_path),
-                "write it to a regular file, or pass --check none",
-            )
+        _refuse_stream_output(loaded, out_path, external_data, big, check)
     if external_data is None:
         external_data = True if loaded.external_data else (None if big else False)
     # Serialize once for the check and the file when the model is written in one piece.
@@ -649,67 +808,89 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     # a model written in one piece: the payloads converted in place stay where they were converted
     # until the save splices them into the file's bytes (splice.py)
     held = HeldPayloads() if in_memory else None
-    try:
-        result = _convert_loaded(
-            loaded, check="none" if (big or in_memory or spill) else check, timings=timings, spill=spill,
-            screen=screen, held=held, **_api_options(options),
-        )  # fmt: skip
-    except BaseException:
-        if spill is not None:
-            spill.discard()
-        raise
-    if left is not None:  # the fp32 payloads the conversion kept, read back from the input file
-        result.external_tensors -= len(left)  # the index counted them as external
-        left.inline()
-    if held is not None and result.external_tensors > 0:
-        held.inline()  # the save reads external tensors in and serializes the model itself
-    serialized: dict = {}  # the payload is handed over, not kept here: save_model lets go of it
-    verify = None
-    t_save = time.perf_counter()  # the serialization is part of the save
-    if in_memory:
-        # once, for the file and the check (the splice makes an object per held tensor: no collector)
-        with _no_gc():
-            if held:  # with the stand-in the check reads: the weights as inputs (splice.py)
-                serialized["payload"], stand_in = held.serialize_with_stand_in(result.model)
-            else:
-                serialized["payload"], stand_in = result.model.SerializeToString(), None
-        if stream and check != "none":  # a FIFO or device cannot be read back: check before writing
-            t = time.perf_counter()
-            check_result(serialized["payload"], full=check == "full", stand_in=stand_in)
-            timings["check"] = time.perf_counter() - t
-        elif check != "none":
-            # while a thread writes the bytes: a write slowed by the page cache hides behind the
-            # check (docs/benchmarks.md). The checker reads the stand-in when there is one: the same
-            # bytes with the large converted weights as inputs, so it copies no weight again
-            def verify(payload: bytes | Pieces) -> None:
-                t = time.perf_counter()
-                check_result(payload, full=check == "full", stand_in=stand_in)
-                timings["check"] = time.perf_counter() - t
+    return _Output(external_data, big, stream, in_memory, left, spill, held)
 
+
+def _refuse_stream_output(loaded: LoadedModel, out_path: Path, external_data, big: bool, check: str) -> None:
+    """A FIFO or device is written in place: no data file beside it, nothing to read back."""
+    if external_data or (external_data is None and loaded.external_data):
+        raise AutocastError(
+            "cannot write external data beside a FIFO or device",
+            str(out_path),
+            "write the model to a regular file, or pass --no-external-data",
+        )
+    if big and check != "none":
+        raise AutocastError(
+            "a model this large is checked by reading the written file back, which a FIFO or device cannot give",
+            str(out_path),
+            "write it to a regular file, or pass --check none",
+        )
+
+
+def _read_back(result: ConversionResult, output: _Output) -> None:
+    """Give their tensors the fp32 payloads the conversion kept in the input file, and the held
+    payloads too when the save has external tensors to read in (it serializes the model itself)."""
+    if output.left is not None:  # the fp32 payloads the conversion kept, read back from the input file
+        result.external_tensors -= len(output.left)  # the index counted them as external
+        output.left.inline()
+    if output.held is not None and result.external_tensors > 0:
+        output.held.inline()  # the save reads external tensors in and serializes the model itself
+
+
+def _serialize(result: ConversionResult, output: _Output, check: str, timings: dict, serialized: dict):
+    """Serialize a model written in one piece once, for the file and the check, into
+    `serialized["payload"]`; returns the check for save_model to run while the bytes are written
+    (None: no check, or a FIFO or device, checked here before writing since it cannot be read back)."""
+    held = output.held
+    # the splice makes an object per held tensor: no collector
+    with _no_gc():
+        if held:  # with the stand-in the check reads: the weights as inputs (splice.py)
+            serialized["payload"], stand_in = held.serialize_with_stand_in(result.model)
+        else:
+            serialized["payload"], stand_in = result.model.SerializeToString(), None
+    if check == "none":
+        return None
+    if output.stream:
+        with _stage("check", timings, "check"):
+            check_result(serialized["payload"], full=check == "full", stand_in=stand_in)
+        return None
+
+    # while a thread writes the bytes: a write slowed by the page cache hides behind the check
+    # (docs/benchmarks.md). The checker reads the stand-in when there is one: the same bytes with
+    # the large converted weights as inputs, so it copies no weight again
+    def verify(payload: bytes | Pieces) -> None:
+        with _stage("check", timings, "check"):
+            check_result(payload, full=check == "full", stand_in=stand_in)
+
+    return verify
+
+
+def _save(result: ConversionResult, in_path: Path, out_path: Path, output: _Output, serialized: dict, verify) -> None:
+    """Write the converted model (and its data file) atomically; a spill the save did not take is
+    removed. Payloads still held are given to their tensors when the caller reads result.model."""
     try:
         result.output_files = save_model(
             result.model,
             out_path,
-            external_data=external_data,
+            external_data=output.external_data,
             in_path=in_path,
             payload=serialized.pop("payload", None),
             source_dir=in_path.parent,
-            restore=not external_data,
-            spill=spill,
+            restore=not output.external_data,
+            spill=output.spill,
             find_external=result.external_tensors > 0,
             verify=verify,
         )
     finally:
-        if spill is not None and spill.path.exists():  # save failed before renaming it
-            spill.discard()
-    if held:
-        result._held = held  # given to the tensors if the caller reads result.model
-    # a model in one piece was checked inside the save: its time is counted once, as check
-    timings["save"] = time.perf_counter() - t_save - timings.get("check", 0.0)
-    if check != "none" and (big or spill is not None):  # the weights are on disk: check the written files
-        t = time.perf_counter()
-        check_file(out_path, full=check == "full")
-        timings["check"] = time.perf_counter() - t
+        if output.spill is not None and output.spill.path.exists():  # save failed before renaming it
+            output.spill.discard()
+    if output.held:
+        result._held = output.held  # given to the tensors if the caller reads result.model
+
+
+def _write_plan(result: ConversionResult, search_log, plan_out) -> None:
+    """Record the --target search in the plan and write it (--plan-out); a plan that cannot be
+    written removes the model files this call wrote (all or nothing)."""
     if search_log is not None:
         result.plan.search = {k: v for k, v in search_log.items() if k != "attribution"} | {
             "attribution": {k: (v if math.isfinite(v) else None) for k, v in search_log.get("attribution", {}).items()}
@@ -722,8 +903,6 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
                 if Path(written).is_file():
                     Path(written).unlink(missing_ok=True)
             raise
-    timings["total"] = time.perf_counter() - start
-    return result
 
 
 def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path, plan_out=None) -> None:

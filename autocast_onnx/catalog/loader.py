@@ -110,6 +110,8 @@ class RuleSet:
 
 
 def normalize_domain(domain: str) -> str:
+    """The domain with the default ONNX domain as "" however it is spelled ("" or "ai.onnx"): the
+    one place the two spellings are told apart; the graph index stores node domains normalised."""
     return "" if domain in ("", "ai.onnx") else domain
 
 
@@ -368,7 +370,7 @@ def known_op_types() -> frozenset[str]:
 
     import onnx
 
-    names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history() if normalize_domain(s.domain) == ""}
     data = Path(__file__).resolve().parent.parent / "data"
     for file in ("ort_signatures.json", "ort_training_signatures.json"):
         names.update(k for k in json.loads((data / file).read_text(encoding="utf-8")) if ":" not in k)

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, TensorProto
 
+from ..catalog.loader import normalize_domain
 from ..errors import AutocastError, InternalCheckError
 from . import signatures
 
@@ -25,7 +26,7 @@ NONTENSOR = -1  # sequences, maps, optionals: never converted
 # Type strings of values that are not tensors (a schema's concrete port type or allowed types).
 _CONTAINER_TYPES = ("seq(", "map(", "optional(", "sparse_tensor(")
 GRAPH_ATTR_OPS = {"If", "Loop", "Scan", "SequenceMap", "BeamSearch", "GreedySearch", "Sampling", "WhisperBeamSearch"}
-KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"}
+KNOWN_NO_GRAPH_DOMAINS = {"", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"}
 # Deepest body nesting (the main graph is level 0) whose bodies protobuf can still read back with
 # typed values: it stops at 100 message levels, each level of bodies takes three (NodeProto,
 # AttributeProto, GraphProto), and a typed output of a body at level 32 would sit at level 101.
@@ -75,7 +76,7 @@ class Node:
         self.scope = scope
         self.pos = pos
         self.op = op
-        self.domain = domain
+        self.domain = domain  # normalised: "" for the default domain however the model spells it
         self.inputs = input_names  # replaced by the Values (None: an omitted input) once resolved
         self.outputs = output_names  # replaced by a tuple of Value | None
         self.subscopes: tuple[Scope, ...] = ()
@@ -85,6 +86,12 @@ class Node:
     def name(self) -> str:
         """The node's name as the model gives it ("" for an unnamed node)."""
         return self._name
+
+    @property
+    def authored_domain(self) -> str:
+        """The domain as the model spells it (the default one may be "" or "ai.onnx"): what plans
+        and fingerprints record, so that they stay as the author wrote the model."""
+        return self.proto.domain
 
     @property
     def label(self) -> str:
@@ -161,7 +168,7 @@ class GraphIndex:
         self.base_dir = base_dir
         self.external_tensors = 0  # initializers of any graph stored as external data
         self._external_files: dict = {}  # location -> (file, size), each file looked at once
-        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+        self.opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
         self.scopes: list[Scope] = []
         self._output_rules: dict = {}
         self._port_rule_cache: dict = {}
@@ -180,7 +187,10 @@ class GraphIndex:
         # Fields are read from the protobuf once, in bulk: attribute access on protobuf messages
         # dominates the cost of large graphs.
         fields = [(p.op_type, p.domain, p.input[:], p.output[:], p.name) for p in protos]
-        if any(op in GRAPH_ATTR_OPS or domain not in KNOWN_NO_GRAPH_DOMAINS for op, domain, _, _, _ in fields):
+        if any(
+            op in GRAPH_ATTR_OPS or (domain and normalize_domain(domain) not in KNOWN_NO_GRAPH_DOMAINS)
+            for op, domain, _, _, _ in fields
+        ):
             self._walk_nodes(scope, protos, fields, resolve=False)
             del protos, fields
             has_subgraphs = self._resolve_inputs(scope)
@@ -302,6 +312,8 @@ class GraphIndex:
         for pos, proto in enumerate(protos):
             op, domain, input_names, output_names, node_name = fields[pos]
             op = ops.setdefault(op, op)
+            if domain:
+                domain = normalize_domain(domain)
             node = Node(base + pos, proto, scope, pos, op, domain, input_names, None, node_name)
             if resolve:
                 in_values = [get(name) if name else None for name in input_names]  # "": an omitted input
@@ -582,7 +594,7 @@ class GraphIndex:
     def _infer_output(self, node: Node, port: int):
         op = node.op
         domain = node.domain
-        if domain in ("", "ai.onnx"):
+        if domain == "":
             special = _SPECIAL.get(op)
             if special is not None:
                 result = special(node, port)
@@ -605,7 +617,7 @@ class GraphIndex:
         """Typing rule of each output port: an element type, the input ports whose type it takes
         (a tuple), or a function of the node for ops typed by attributes."""
         rules = []
-        special = _SPECIAL.get(op) if domain in ("", "ai.onnx") else None
+        special = _SPECIAL.get(op) if domain == "" else None
         for port in range(n_outputs):
             if (
                 special is not None
@@ -620,7 +632,7 @@ class GraphIndex:
     def _output_rule(self, domain, op, port, n_inputs):
         """How to type output `port`: a fixed element type (int), or the input ports (tuple)
         whose type it takes."""
-        sig = signatures.lookup(domain, op, self.opsets.get("" if domain == "ai.onnx" else domain))
+        sig = signatures.lookup(domain, op, self.opsets.get(domain))
         if sig is None:
             return ()
         param = sig.output_param(port)
@@ -635,7 +647,7 @@ class GraphIndex:
 
     # ---- helpers ------------------------------------------------------------------------
     def opset(self, domain: str = "") -> int | None:
-        return self.opsets.get("" if domain == "ai.onnx" else domain)
+        return self.opsets.get(normalize_domain(domain))
 
 
 def _find_cycle(stuck: list, preds) -> list:

@@ -43,6 +43,7 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, TensorProto
 
+from ..catalog.loader import normalize_domain
 from ..errors import AutocastError
 from ..io import (
     LoadedModel,
@@ -192,7 +193,7 @@ def check_header(model: onnx.ModelProto, where: str) -> None:
         raise AutocastError("the model has no opset_import (which ops it uses is unknown)", where, HINT)
     seen: set[str] = set()
     for opset in model.opset_import:
-        domain = "" if opset.domain == "ai.onnx" else opset.domain
+        domain = normalize_domain(opset.domain)
         shown = repr(opset.domain or "ai.onnx")
         if domain in seen:
             raise AutocastError(f"opset_import names domain {shown} twice", where, HINT)
@@ -642,7 +643,7 @@ def _fill_shapes(graph: onnx.GraphProto) -> None:
 def _move_unknown_ops(nodes) -> bool:
     moved = False
     for node in nodes:
-        if node.domain in ("", "ai.onnx") and node.op_type and not onnx.defs.has(node.op_type):
+        if normalize_domain(node.domain) == "" and node.op_type and not onnx.defs.has(node.op_type):
             node.domain = _UNCHECKED_DOMAIN
             moved = True
     return moved

@@ -14,6 +14,8 @@ from pathlib import Path
 import onnx.defs
 from onnx import TensorProto
 
+from ..catalog.loader import normalize_domain
+
 _TYPE_OF_STR = {}
 for _name, _value in TensorProto.DataType.items():
     if _value:
@@ -72,7 +74,7 @@ def _ort_table() -> dict:
 @lru_cache(maxsize=4096)
 def lookup(domain: str, op_type: str, opset: int | None) -> Signature | None:
     """Signature of `op_type` in `domain` at `opset`, or None if no schema is known."""
-    domain = "" if domain == "ai.onnx" else domain
+    domain = normalize_domain(domain)
     if domain in ("", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"):
         try:
             schema = onnx.defs.get_schema(op_type, opset if opset else onnx.defs.onnx_opset_version(), domain)

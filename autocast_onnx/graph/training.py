@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..catalog.loader import normalize_domain
+
 ACCUMULATORS = frozenset({("com.microsoft", "InPlaceAccumulatorV2"), ("com.microsoft", "InPlaceAccumulator")})
 LOSS_OPS = frozenset(
     {
@@ -77,7 +79,7 @@ class TrainingGraph:
 
 
 def _is_gradient_op(node) -> bool:
-    domain = node.domain if node.domain != "ai.onnx" else ""
+    domain = normalize_domain(node.domain)
     if domain == PREVIEW_TRAINING:
         return node.op_type == "Gradient"
     return domain in ("", "com.microsoft") and (node.op_type.endswith("Grad") or "Grad_" in node.op_type)
@@ -112,7 +114,7 @@ def recognise(model: onnx.ModelProto) -> TrainingGraph | None:
     gradient_ops = 0
     preview = False
     for k, node in enumerate(graph.node):
-        domain = node.domain if node.domain != "ai.onnx" else ""
+        domain = normalize_domain(node.domain)
         key = (domain, node.op_type)
         if key in LOSS_OPS and node.output and node.output[0] in outputs:
             losses.append(node.output[0])

@@ -22,6 +22,37 @@ from ..plan.classify import constant_array
 LOW = (FLOAT16, BFLOAT16)
 
 
+def report(
+    check,
+    message: str,
+    *,
+    node=None,
+    model: str | None = None,
+    value=None,
+    protected: bool | None = None,
+    tensor: str | None = None,
+    severity: str | None = None,
+) -> Diagnostic:
+    """The one place a lint finding is built: `check`'s code, name, severity (unless `severity`
+    overrides it) and fix, with where it was found (`node`, None for a model-wide finding) and
+    what the message cites. Checks call LintContext.diag, which adds the protection verdict."""
+    return Diagnostic(
+        code=check.code,
+        name=check.name,
+        severity=check.severity if severity is None else severity,
+        message=message,
+        fix=check.fix,
+        node=node.label if node is not None else None,
+        op_type=node.op if node is not None else None,
+        graph=node.scope.path if node is not None else "main",
+        node_index=node.pos if node is not None else None,
+        model=model,
+        value=value,
+        protected=protected,
+        tensor=tensor,
+    )
+
+
 class LintContext:
     def __init__(
         self,
@@ -110,20 +141,15 @@ class LintContext:
             message += "; the default conversion rules keep this fp32"
         elif self.mode == "prospective" and protected is False:
             message += "; the default conversion rules would NOT protect this"
-        return Diagnostic(
-            code=check.code,
-            name=check.name,
-            severity=severity,
-            message=message,
-            fix=check.fix,
-            node=node.label if node is not None else None,
-            op_type=node.op if node is not None else None,
-            graph=node.scope.path if node is not None else "main",
-            node_index=node.pos if node is not None else None,
+        return report(
+            check,
+            message,
+            node=node,
             model=self.path,
             value=value,
             protected=protected,
             tensor=tensor,
+            severity=severity,
         )
 
     @property
@@ -169,7 +195,7 @@ class LintContext:
 
 
 def _key(node) -> str:
-    return node.op if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op}"
+    return node.op if node.domain == "" else f"{node.domain}:{node.op}"
 
 
 def _fp32_parameters(ctx, node, ports) -> bool:
@@ -180,8 +206,7 @@ def _fp32_parameters(ctx, node, ports) -> bool:
     if ctx.mode != "actual":
         from ..catalog import load_rules
 
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        pin = load_rules(list(ctx.rules)).pins.get((domain, node.op))
+        pin = load_rules(list(ctx.rules)).pin(node.domain, node.op)
         return pin is not None and set(ports) <= set(pin.inputs)
     values = [node.inputs[i] for i in ports if i < len(node.inputs) and node.inputs[i] is not None]
     return bool(values) and all(v.dtype == FLOAT for v in values)
@@ -399,58 +424,29 @@ def lossy_round_trip(ctx, check):
             and not node.outputs[0].graph_outputs
             and all(u.op == "Cast" and u.outputs[0] is not None and u.outputs[0].dtype == FLOAT for u, _ in users)
         ):
-            yield Diagnostic(
-                code=check.code,
-                name=check.name,
-                severity=check.severity,
-                message=f"'{node.inputs[0].name}' is cast to {dtype_name(node.outputs[0].dtype)} and "
+            yield ctx.diag(
+                check,
+                node,
+                f"'{node.inputs[0].name}' is cast to {dtype_name(node.outputs[0].dtype)} and "
                 f"straight back to fp32 by {users[0][0].label}",
-                fix=check.fix,
-                node=node.label,
-                op_type=node.op,
-                graph=node.scope.path,
-                node_index=node.pos,
-                model=ctx.path,
                 tensor=node.inputs[0].name,
+                judged=False,
             )
 
 
 def low_output(ctx, check):
     for value in ctx.index.main.outputs:
         if value.dtype in LOW:
-            node = value.producer
-            yield Diagnostic(
-                code=check.code,
-                name=check.name,
-                severity=check.severity,
-                message=f"model output '{value.name}' is {dtype_name(value.dtype)}",
-                fix=check.fix,
-                node=node.label if node else None,
-                op_type=node.op if node else None,
-                graph="main",
-                node_index=node.pos if node else None,
-                model=ctx.path,
-                tensor=value.name,
-            )
+            message = f"model output '{value.name}' is {dtype_name(value.dtype)}"
+            yield ctx.diag(check, value.producer, message, tensor=value.name, judged=False)
 
 
 def unknown_type(ctx, check):
     for node in ctx.index.nodes:
         for value in node.outputs:
             if value is not None and value.dtype is None and value.consumers:
-                yield Diagnostic(
-                    code=check.code,
-                    name=check.name,
-                    severity=check.severity,
-                    message=f"the type of '{value.name}' (output of {node.op}) is unknown",
-                    fix=check.fix,
-                    node=node.label,
-                    op_type=node.op,
-                    graph=node.scope.path,
-                    node_index=node.pos,
-                    model=ctx.path,
-                    tensor=value.name,
-                )
+                message = f"the type of '{value.name}' (output of {node.op}) is unknown"
+                yield ctx.diag(check, node, message, tensor=value.name, judged=False)
 
 
 def _weight_dims(node):

@@ -15,7 +15,7 @@ from ..errors import AutocastError
 from ..graph.sanity import load_checked
 from ..patterns import UserPattern
 from .catalog import load_checks
-from .checks import KINDS, LintContext
+from .checks import KINDS, LintContext, report
 
 METADATA_KEY = "autocast-onnx:ignore"
 
@@ -108,16 +108,11 @@ def unused_config_suppressions(results, options) -> list:
     out = []
     for k, s in enumerate(options.suppress):
         if not any(r.config_suppression_use[k] for r in results):
-            out.append(
-                Diagnostic(
-                    code=check.code,
-                    name=check.name,
-                    severity=check.severity,
-                    message=f"suppression of {s.code} for nodes matching {s.node!r} ({s.source}) "
-                    f"matched no finding in {len(results)} model(s)",
-                    fix=check.fix,
-                )
+            message = (
+                f"suppression of {s.code} for nodes matching {s.node!r} ({s.source}) "
+                f"matched no finding in {len(results)} model(s)"
             )
+            out.append(report(check, message))
     return out
 
 
@@ -153,17 +148,8 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     if unused_check is not None:
         for k, s in enumerate(suppressions):
             if not s.used and (k >= n_config or options.report_unused_config):
-                diagnostics.append(
-                    Diagnostic(
-                        code=unused_check.code,
-                        name=unused_check.name,
-                        severity=unused_check.severity,
-                        message=f"suppression of {s.code} for nodes matching {s.node!r} "
-                        f"({s.source}) matched no finding",
-                        fix=unused_check.fix,
-                        model=path,
-                    )
-                )
+                message = f"suppression of {s.code} for nodes matching {s.node!r} ({s.source}) matched no finding"
+                diagnostics.append(report(unused_check, message, model=path))
     order = {c.code: k for k, c in enumerate(load_checks())}
     diagnostics.sort(
         key=lambda d: (

@@ -155,7 +155,7 @@ def _assign_categories(index: GraphIndex, rules: RuleSet, result: Classification
             categories[node.id] = _CONTROL
             reasons[node.id] = [control_reason]
             continue
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = node.domain
         known = category_of.get((domain, node.op))
         if known is None:
             category, reason = _category(rules, domain, node.op, node, result.warnings)
@@ -184,7 +184,7 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     for node in index.nodes:
         nid = node.id
         cat = categories[nid]
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = node.domain
         op = node.op
         ins, outs = node.inputs, node.outputs
         signature = (
@@ -433,7 +433,7 @@ def _apply_selections(
             if pattern.search(name):
                 used.add(("--exclude-node", k))
                 forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = node.domain
         key = op if op in excl_ops else f"{domain}:{op}" if f"{domain}:{op}" in excl_ops else None
         if key is not None:
             used.add(key)
@@ -600,7 +600,7 @@ def _propagate_range(result: Classification, checked, index: GraphIndex, target:
                 continue
             if result.roles_in[j][port] not in (_FOLLOW + _ANY) or categories[j] == Category.NON_FLOAT:
                 continue
-            if categories[j] == Category.CLEAR or (consumer.op in PASS_ON_OPS and consumer.domain in ("", "ai.onnx")):
+            if categories[j] == Category.CLEAR or (consumer.op in PASS_ON_OPS and consumer.domain == ""):
                 ro = result.roles_out[j]
                 for k, out in enumerate(consumer.outputs):
                     if out is not None and ro[k] == _FOLLOW:
@@ -659,7 +659,7 @@ CATEGORY_SENTENCE = {
 
 
 def _category(rules, domain, op, node, warnings) -> tuple[Category, Reason]:
-    op_rule = rules.ops.get((domain, op))
+    op_rule = rules.op_rule(domain, op)
     if op_rule is not None:
         sentence = CATEGORY_SENTENCE.get(op_rule.category, f"is in category {op_rule.category}")
         return Category.from_rule_name(op_rule.category), Reason(
@@ -700,7 +700,7 @@ def _template(index, rules, domain, op, n_in, n_out, target: int):
             index.where,
             "the model is corrupted or needs a newer onnx package",
         )
-    pin = rules.pins.get((domain, op))
+    pin = rules.pin(domain, op)
     pins_in = pin.inputs if pin else ()
     pins_out = pin.outputs if pin else ()
     any_in: set[int] | Literal[False] | None = ANY_INPUTS.get((domain, op), False)
@@ -742,7 +742,7 @@ def constant_array(value: Value):
             return bf16_bits_to_float(array)
         return array
     producer = value.producer
-    if producer is not None and producer.op == "Constant" and producer.domain in ("", "ai.onnx"):
+    if producer is not None and producer.op == "Constant" and producer.domain == "":
         for attr in producer.proto.attribute:
             if attr.name == "value":  # external data: read from the model's folder only (io.tensor_bytes)
                 what = f"tensor {attr.t.name!r} (node {producer.name!r}, attribute 'value')"

@@ -238,7 +238,7 @@ def _settle_backward(state: _State, index: GraphIndex, keep_io_types: bool, orde
             moved += 1
         if (
             node.op in _TYPE_SETTING
-            and node.domain in ("", "ai.onnx")
+            and node.domain == ""
             and paint[i] != _NONE
             and c.seeds[i] is None
             and categories[i] == Category.CLEAR
@@ -374,7 +374,7 @@ def _node_plans(state: _State, precisions: list) -> list[NodePlan]:
                 id=i,
                 name=node.name,
                 op_type=node.op,
-                domain=node.domain,
+                domain=node.authored_domain,
                 graph=node.scope.path,
                 category=CATEGORY_NAME[cat],
                 precision=str(precisions[i]),
@@ -445,5 +445,7 @@ def index_fingerprint(index: GraphIndex) -> str:
                 else:
                     sources.append(f"outer:{value.dtype}")
             outs = ",".join("-" if v is None else str(v.dtype) for v in node.outputs)
-            digest.update(f"{node.id}|{node.name}|{node.domain}|{node.op}|{','.join(sources)}|{outs}\n".encode())
+            digest.update(
+                f"{node.id}|{node.name}|{node.authored_domain}|{node.op}|{','.join(sources)}|{outs}\n".encode()
+            )
     return digest.hexdigest()

@@ -49,10 +49,11 @@ def _check_same_model(plan: PrecisionPlan, index: GraphIndex, where: str) -> Non
             _HINT,
         )
     for entry, node in zip(plan.nodes, nodes):
-        if (entry.name, entry.domain, entry.op_type, entry.graph) != (node.name, node.domain, node.op, node.scope.path):
+        domain = node.authored_domain  # as the plan recorded it
+        if (entry.name, entry.domain, entry.op_type, entry.graph) != (node.name, domain, node.op, node.scope.path):
             raise AutocastError(
                 f"node #{node.id} is {entry.label!r} ({_op(_qualified(entry.domain, entry.op_type))}) in the plan "
-                f"but {node.label!r} ({_op(_qualified(node.domain, node.op))}) in the model: the plan belongs to "
+                f"but {node.label!r} ({_op(_qualified(domain, node.op))}) in the model: the plan belongs to "
                 "another model or an earlier export",
                 where,
                 _HINT,
@@ -144,8 +145,7 @@ def _kept_type(entry: NodePlan, node) -> int | None:
 
 
 def _signature(node, index: GraphIndex):
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    return signatures.lookup(domain, node.op, index.opset(domain))
+    return signatures.lookup(node.domain, node.op, index.opset(node.domain))
 
 
 def _check_roles(plan: PrecisionPlan, entry: NodePlan, node, sig, who: str, where: str) -> None:
@@ -200,14 +200,13 @@ def _port_kind(node, sig, side: str, k: int, value, control: bool, target: int) 
         return "unknown"
     if value.dtype not in MIXABLE:
         return "not-float"
-    if side == "output" and node.op == "Cast" and node.domain in ("", "ai.onnx"):
+    if side == "output" and node.op == "Cast" and node.domain == "":
         return "cast-back" if value.dtype == FLOAT else "own"
     if control:
         return "own"
     param = None if sig is None else (sig.input_param(k) if side == "input" else sig.output_param(k))
     allowed = None if sig is None else sig.allowed(param)
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    if side == "input" and _any_type_input(domain, node.op, k):
+    if side == "input" and _any_type_input(node.domain, node.op, k):
         return "any-fp32" if allowed is not None and target not in allowed and FLOAT in allowed else "any"
     role = schema_role(sig, param, target)
     if role == PortRole.FOLLOW:

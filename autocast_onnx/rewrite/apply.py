@@ -284,7 +284,7 @@ def _retarget_attributes(edit: _Edit) -> None:
     clamp = edit.plan.clamp_initializers
     for node in edit.index.nodes:
         t = edit.node_type[node.id]
-        if t is None or node.domain not in ("", "ai.onnx"):
+        if t is None or node.domain != "":
             continue
         op = node.op
         if op == "Cast":
@@ -340,7 +340,7 @@ def _exact_source(value, need):
     """The tensor `value` was widened from by a Cast, when that tensor already has type `need`
     (fp16/bf16 -> fp32 is exact, so casting back would give it again)."""
     producer = value.producer
-    if producer is None or producer.op != "Cast" or producer.domain not in ("", "ai.onnx"):
+    if producer is None or producer.op != "Cast" or producer.domain != "":
         return None
     source = producer.inputs[0] if producer.inputs else None
     if source is None or source.dtype != need or need not in (FLOAT16, BFLOAT16) or value.dtype != FLOAT:

@@ -19,6 +19,7 @@ import re
 
 import onnx
 
+from ..catalog.loader import normalize_domain
 from ..dtypes import MIXABLE, dtype_name
 from ..errors import InternalCheckError
 from ..graph import NONTENSOR
@@ -75,7 +76,7 @@ def check_container_elements(nodes, final_type) -> None:
     (InternalCheckError)."""
     for node in nodes:
         ports = _ELEMENT_PORTS.get(node.op)
-        if ports is None or node.domain not in ("", "ai.onnx"):
+        if ports is None or node.domain != "":
             continue
         container = _port(node, *ports[0])
         if container is None or container.dtype != NONTENSOR or container.elem is None:
@@ -197,12 +198,12 @@ def _ort_default_domain_ops_moved(model) -> onnx.ModelProto | None:
     if isinstance(model, bytes):
         model = onnx.ModelProto.FromString(model)
     table = _ort_table()
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = next((o.version for o in model.opset_import if normalize_domain(o.domain) == ""), None)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     moved = 0
     for node in (n for g in all_graphs(copy.graph) for n in g.node):
-        if node.domain in ("", "ai.onnx") and node.op_type in table and not onnx.defs.has(node.op_type):
+        if normalize_domain(node.domain) == "" and node.op_type in table and not onnx.defs.has(node.op_type):
             node.domain = _ORT_DOMAIN
             moved += 1
     if not moved or opset is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -45,12 +46,43 @@ class ValidateOptions:
     generate: int = 16  # causal LMs: tokens of greedy continuation to compare (0: none)
 
 
-def _load(model, label):
+@dataclass(frozen=True)
+class _Loaded:
+    """One model of the comparison: the parsed model, its path (None for an in-memory model) and size."""
+
+    model: onnx.ModelProto
+    path: str | None
+    bytes: int
+
+
+@dataclass(frozen=True)
+class _Sessions:
+    """The ONNX Runtime sessions of one comparison."""
+
+    reference: Any
+    converted: Any  # the numbers come from this one: the emulation, or the converted model as is
+    timed: Any  # the converted model as is, for the speed measurement (None: not timed)
+    not_loaded: str | None  # why the converted model as is has no session, or None
+
+
+def _load(model) -> _Loaded:
     if isinstance(model, onnx.ModelProto):
-        return model, None, model.ByteSize()
+        return _Loaded(model, None, model.ByteSize())
     loaded = load_checked(model)
     size = loaded.file_bytes + sum(os.path.getsize(Path(model).parent / f) for f in loaded.external_files)
-    return loaded.model, str(model), size
+    return _Loaded(loaded.model, str(model), size)
+
+
+def _bar(progress, label: str, total: int):
+    """A progress bar for a long step, or None without `progress`."""
+    return progress(label, total) if progress else None
+
+
+def _tick(bar, finish: bool = False) -> None:
+    if bar:
+        bar.update(1)
+        if finish:
+            bar.finish()
 
 
 def precision_by_op(model: onnx.ModelProto, where: str = "<model>") -> dict:
@@ -70,172 +102,39 @@ def precision_by_op(model: onnx.ModelProto, where: str = "<model>") -> dict:
 
 def validate(reference, converted, options: ValidateOptions | None = None, progress=None) -> dict:
     """Compare `converted` against `reference` (paths or ModelProtos). `progress(label, n)` is
-    called to report long loops (it returns an iterable wrapper), or None."""
+    called to report long loops (it returns an iterable wrapper), or None.
+
+    The stages, in order: load both models, resolve the device and the numerics, plan the input
+    batches, open the sessions, compare every output batch by batch, compare a greedy
+    continuation (causal LMs), judge each output, measure speed, and assemble the report."""
     options = options or ValidateOptions()
-    ref_model, ref_path, ref_bytes = _load(reference, "reference")
-    conv_model, conv_path, conv_bytes = _load(converted, "converted")
+    ref, conv = _load(reference), _load(converted)
     device, device_note = runner.resolve_device(options.device)
-    numerics = options.numerics
-    if numerics == "auto":
-        numerics = "plain" if device == "cuda" else "emulate"
-    if numerics not in ("emulate", "plain"):
-        raise AutocastError(f"unknown numerics {numerics!r}", "--numerics", "use auto, emulate or plain")
-
-    specs = describe_inputs(ref_model)
-    conv_specs = {s.name: s for s in describe_inputs(conv_model)}
-    missing = [s.name for s in specs if s.name not in conv_specs]
-    if missing:
-        raise AutocastError(
-            f"the converted model lacks input(s) {', '.join(missing)} of the reference",
-            conv_path or "<converted>",
-            "compare a model with its own conversion",
-        )
-    plan = plan_inputs(specs, options.dims, options.ranges)
-    lm = generation.recognise(ref_model)
+    numerics = _resolve_numerics(options.numerics, device)
+    specs, plan = _input_plan(ref, conv, options)
+    lm = generation.recognise(ref.model)
     cached = lm is not None and lm.has_cache and not options.inputs
-    if options.inputs:
-        batches = load_batches(options.inputs, specs)
-        plan.source = str(options.inputs)
-        plan.dims, plan.dim_defaults = {}, []  # the arrays' own shapes apply (see inputs.specs)
-    elif not cached:
-        batches = [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
-
-    # From the file when there is one: serializing a large parsed model again costs seconds.
-    ref_label, conv_label = "the reference model", "the converted model"
-    loading = progress("loading both models into ONNX Runtime", 1) if progress else None
-    ref_sess = runner.session(
-        ref_path if ref_path else ref_model.SerializeToString(), device, label=ref_label, where=ref_path
-    )
-    if numerics == "emulate":
-        try:
-            emulated = emulation_model(conv_model, conv_path or "<converted>")
-        except (ValueError, TypeError) as exc:  # a malformed tensor (e.g. data shorter than its dims)
-            raise AutocastError(
-                f"cannot build the fp32 emulation of the converted model: {exc}",
-                conv_path,
-                "check the converted model with onnx.checker; convert it again",
-            ) from None
-        conv_sess = runner.session(
-            emulated.SerializeToString(), "cpu", optimize=False, label=f"the emulation of {conv_label}", where=conv_path
-        )
-        # the numbers come from the emulation, but the model itself must load: one ONNX Runtime
-        # refuses fails here as in a plain comparison, never PASSes
-        real_conv, not_loaded = session_as_is(conv_model, conv_path, device, conv_label)
-        if not options.speed:
-            real_conv = None
-    else:
-        conv_sess = runner.session(
-            conv_path if conv_path else conv_model.SerializeToString(), device, label=conv_label, where=conv_path
-        )
-        real_conv, not_loaded = conv_sess, None
-    if loading:
-        loading.update(1)
-        loading.finish()
+    batches = [] if cached else _given_batches(specs, plan, options)
+    sessions = _sessions(ref, conv, device, numerics, options.speed, progress)
     if cached and lm is not None:
-        # a KV cache is realistic only when a model wrote it: the reference reads a prompt with an
-        # empty cache, and its cache comes back with new tokens (in the converted model's types)
-        batches = [
-            generation.cached_batch(
-                lm, ref_sess, generation.BATCH, generation.PROMPT_LENGTH, generation.NEW_TOKENS, options.seed + k
-            )
-            for k in range(max(1, options.batches))
-        ]
-        plan.source = (
-            f"generated for a causal LM with a KV cache: the reference's cache of a {generation.PROMPT_LENGTH}-token "
-            f"prompt, then {generation.NEW_TOKENS} new tokens"
-        )
-        plan.dims, plan.dim_defaults = {}, []
-    ref_names = [o.name for o in ref_sess.get_outputs()]
-    conv_names = [o.name for o in conv_sess.get_outputs()]
-    if ref_names != conv_names:
-        raise AutocastError(
-            "the models' outputs differ: " + ", ".join(ref_names) + " vs " + ", ".join(conv_names),
-            conv_path or "<converted>",
-            "compare a model with its own conversion",
-        )
-    unknown = set(options.class_outputs) - set(ref_names)
-    if unknown:
-        raise AutocastError(
-            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
-            None,
-            "outputs are: " + ", ".join(ref_names),
-        )
-    stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in ref_names]
-    loop = progress(f"comparing outputs on {len(batches)} batch(es)", len(batches)) if progress else None
-    for feeds in batches:
-        conv_feeds = runner.feeds_for(conv_sess, feeds)
-        ref_out = runner.run(ref_sess, feeds)
-        conv_out = runner.run(conv_sess, conv_feeds)
-        for s, r, o in zip(stats, ref_out, conv_out):
-            s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o)
-        if loop:
-            loop.update(1)
-    if loop:
-        loop.finish()
-
-    continuation = None
-    if lm is not None and options.generate > 0:
-        work = progress(f"greedy continuation ({options.generate} tokens)", 1) if progress else None
-        continuation = generation.agreement(lm, ref_sess, conv_sess, options.generate, generation.BATCH, options.seed)
-        if work:
-            work.update(1)
-            work.finish()
-
-    outputs = []
-    for s in stats:
-        summary = s.summary()
-        summary["passed"], summary["failures"] = verdict(summary, options.thresholds)
-        outputs.append(summary)
-    by_op = precision_by_op(conv_model, conv_path or "<converted>")
-    warnings = _hollow_comparison(ref_model, ref_path, conv_model, conv_path, by_op, batches, specs, outputs)
-
-    speed = None
-    # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
-    speed_skipped = f"speed not measured: {not_loaded}" if options.speed and not_loaded else None
-    if options.speed and real_conv is not None:
-        feeds = batches[0]
-        runs = options.iterations + options.warmup
-        timing = progress(f"timing both models ({runs} runs each)", 2) if progress else None
-        ref_lat = runner.latency(ref_sess, feeds, device, options.iterations, options.warmup)
-        if timing:
-            timing.update(1)
-        conv_lat = runner.latency(
-            real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations, options.warmup
-        )
-        if timing:
-            timing.update(1)
-            timing.finish()
-        batch = _batch_size(feeds)
-        speed = {
-            "device": device,
-            "batch_size": batch,
-            "reference": ref_lat | {"throughput_per_s": batch / (ref_lat["p50_ms"] / 1e3)},
-            "converted": conv_lat | {"throughput_per_s": batch / (conv_lat["p50_ms"] / 1e3)},
-            "speedup_p50": ref_lat["p50_ms"] / conv_lat["p50_ms"],
-            "peak_gpu_memory_bytes": None,
-            "note": CPU_SPEED_NOTE if device == "cpu" else None,
-        }
-
+        batches = _cached_batches(lm, sessions.reference, plan, options)
+    names = _output_names(sessions, conv, options)
+    stats = _compare(sessions, batches, names, options, progress)
+    continuation = _continuation(lm, sessions, options, progress)
+    outputs = _verdicts(stats, options.thresholds)
+    by_op = precision_by_op(conv.model, conv.path or "<converted>")
+    warnings = _hollow_comparison(ref.model, ref.path, conv.model, conv.path, by_op, batches, specs, outputs)
+    speed, speed_skipped = _speed(sessions, batches, device, options, progress)
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "autocast-onnx", "version": __version__},
-        "reference": {"path": ref_path, "bytes": ref_bytes},
-        "converted": {"path": conv_path, "bytes": conv_bytes},
-        "size_ratio": conv_bytes / ref_bytes if ref_bytes else None,
+        "reference": {"path": ref.path, "bytes": ref.bytes},
+        "converted": {"path": conv.path, "bytes": conv.bytes},
+        "size_ratio": conv.bytes / ref.bytes if ref.bytes else None,
         "device": device,
         "device_note": device_note,
         "numerics": numerics,
-        "inputs": {
-            "source": plan.source,
-            "batches": len(batches),
-            "dims": plan.dims,
-            "dim_defaults": plan.dim_defaults,
-            "ranges": {k: list(v) for k, v in plan.ranges.items()},
-            "specs": [
-                {"name": s.name, "dtype": dtype_name(s.elem_type), "shape": list(batches[0][s.name].shape)}
-                for s in specs
-            ],
-        },
+        "inputs": _inputs_report(plan, batches, specs),
         "thresholds": options.thresholds.as_dict(),
         "outputs": outputs,
         "warnings": warnings,
@@ -245,6 +144,200 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "speed": speed,
         "speed_skipped": speed_skipped,
         "precision_by_op": by_op,
+    }
+
+
+def _resolve_numerics(requested: str, device: str) -> str:
+    """auto -> plain on CUDA (the GPU rounds as it will in use), emulate elsewhere."""
+    numerics = requested
+    if numerics == "auto":
+        numerics = "plain" if device == "cuda" else "emulate"
+    if numerics not in ("emulate", "plain"):
+        raise AutocastError(f"unknown numerics {numerics!r}", "--numerics", "use auto, emulate or plain")
+    return numerics
+
+
+def _input_plan(ref: _Loaded, conv: _Loaded, options: ValidateOptions):
+    """(the reference's input specs, the plan of generated inputs), after checking that the
+    converted model takes every input the reference takes."""
+    specs = describe_inputs(ref.model)
+    conv_specs = {s.name: s for s in describe_inputs(conv.model)}
+    missing = [s.name for s in specs if s.name not in conv_specs]
+    if missing:
+        raise AutocastError(
+            f"the converted model lacks input(s) {', '.join(missing)} of the reference",
+            conv.path or "<converted>",
+            "compare a model with its own conversion",
+        )
+    return specs, plan_inputs(specs, options.dims, options.ranges)
+
+
+def _given_batches(specs, plan, options: ValidateOptions) -> list:
+    """The batches of --inputs, or generated ones from the plan and the seed."""
+    if not options.inputs:
+        return [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
+    batches = load_batches(options.inputs, specs)
+    plan.source = str(options.inputs)
+    plan.dims, plan.dim_defaults = {}, []  # the arrays' own shapes apply (see inputs.specs)
+    return batches
+
+
+def _cached_batches(lm, ref_sess, plan, options: ValidateOptions) -> list:
+    """A causal LM with a KV cache: a cache is realistic only when a model wrote it, so the
+    reference reads a prompt with an empty cache, and its cache comes back with new tokens (in
+    the converted model's types)."""
+    batches = [
+        generation.cached_batch(
+            lm, ref_sess, generation.BATCH, generation.PROMPT_LENGTH, generation.NEW_TOKENS, options.seed + k
+        )
+        for k in range(max(1, options.batches))
+    ]
+    plan.source = (
+        f"generated for a causal LM with a KV cache: the reference's cache of a {generation.PROMPT_LENGTH}-token "
+        f"prompt, then {generation.NEW_TOKENS} new tokens"
+    )
+    plan.dims, plan.dim_defaults = {}, []
+    return batches
+
+
+def _sessions(ref: _Loaded, conv: _Loaded, device: str, numerics: str, speed: bool, progress) -> _Sessions:
+    """Both models in ONNX Runtime, from the file when there is one (serializing a large parsed
+    model again costs seconds); with emulated numerics, the converted model's fp32 emulation
+    gives the numbers and the model as is must still load."""
+    loading = _bar(progress, "loading both models into ONNX Runtime", 1)
+    ref_sess = runner.session(
+        ref.path if ref.path else ref.model.SerializeToString(), device, label=_REF_LABEL, where=ref.path
+    )
+    if numerics == "emulate":
+        sessions = _emulated_sessions(ref_sess, conv, device, speed)
+    else:
+        conv_sess = runner.session(
+            conv.path if conv.path else conv.model.SerializeToString(), device, label=_CONV_LABEL, where=conv.path
+        )
+        sessions = _Sessions(ref_sess, conv_sess, conv_sess, None)
+    _tick(loading, finish=True)
+    return sessions
+
+
+_REF_LABEL, _CONV_LABEL = "the reference model", "the converted model"
+
+
+def _emulated_sessions(ref_sess, conv: _Loaded, device: str, speed: bool) -> _Sessions:
+    try:
+        emulated = emulation_model(conv.model, conv.path or "<converted>")
+    except (ValueError, TypeError) as exc:  # a malformed tensor (e.g. data shorter than its dims)
+        raise AutocastError(
+            f"cannot build the fp32 emulation of the converted model: {exc}",
+            conv.path,
+            "check the converted model with onnx.checker; convert it again",
+        ) from None
+    conv_sess = runner.session(
+        emulated.SerializeToString(), "cpu", optimize=False, label=f"the emulation of {_CONV_LABEL}", where=conv.path
+    )
+    # the numbers come from the emulation, but the model itself must load: one ONNX Runtime
+    # refuses fails here as in a plain comparison, never PASSes
+    real_conv, not_loaded = session_as_is(conv.model, conv.path, device, _CONV_LABEL)
+    return _Sessions(ref_sess, conv_sess, real_conv if speed else None, not_loaded)
+
+
+def _output_names(sessions: _Sessions, conv: _Loaded, options: ValidateOptions) -> list:
+    """The outputs both models share (the same names, in the same order), after checking
+    --class-output against them."""
+    ref_names = [o.name for o in sessions.reference.get_outputs()]
+    conv_names = [o.name for o in sessions.converted.get_outputs()]
+    if ref_names != conv_names:
+        raise AutocastError(
+            "the models' outputs differ: " + ", ".join(ref_names) + " vs " + ", ".join(conv_names),
+            conv.path or "<converted>",
+            "compare a model with its own conversion",
+        )
+    unknown = set(options.class_outputs) - set(ref_names)
+    if unknown:
+        raise AutocastError(
+            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
+            None,
+            "outputs are: " + ", ".join(ref_names),
+        )
+    return ref_names
+
+
+def _compare(sessions: _Sessions, batches: list, names: list, options: ValidateOptions, progress) -> list:
+    """Each output's statistics over every batch, the converted output in the reference's type."""
+    stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in names]
+    loop = _bar(progress, f"comparing outputs on {len(batches)} batch(es)", len(batches))
+    for feeds in batches:
+        conv_feeds = runner.feeds_for(sessions.converted, feeds)
+        ref_out = runner.run(sessions.reference, feeds)
+        conv_out = runner.run(sessions.converted, conv_feeds)
+        for s, r, o in zip(stats, ref_out, conv_out):
+            s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o)
+        _tick(loop)
+    if loop:
+        loop.finish()
+    return stats
+
+
+def _continuation(lm, sessions: _Sessions, options: ValidateOptions, progress) -> dict | None:
+    """Causal LMs: agreement of both models' greedy continuations (None otherwise or with --generate 0)."""
+    if lm is None or options.generate <= 0:
+        return None
+    work = _bar(progress, f"greedy continuation ({options.generate} tokens)", 1)
+    continuation = generation.agreement(
+        lm, sessions.reference, sessions.converted, options.generate, generation.BATCH, options.seed
+    )
+    _tick(work, finish=True)
+    return continuation
+
+
+def _verdicts(stats: list, thresholds: Thresholds) -> list:
+    """Each output's summary with its verdict against the thresholds."""
+    outputs = []
+    for s in stats:
+        summary = s.summary()
+        summary["passed"], summary["failures"] = verdict(summary, thresholds)
+        outputs.append(summary)
+    return outputs
+
+
+def _speed(sessions: _Sessions, batches: list, device: str, options: ValidateOptions, progress):
+    """(the latency of both models on the first batch and the speed-up, or None; why speed was
+    not measured, or None)."""
+    # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
+    skipped = f"speed not measured: {sessions.not_loaded}" if options.speed and sessions.not_loaded else None
+    real_conv = sessions.timed
+    if not options.speed or real_conv is None:
+        return None, skipped
+    feeds = batches[0]
+    runs = options.iterations + options.warmup
+    timing = _bar(progress, f"timing both models ({runs} runs each)", 2)
+    ref_lat = runner.latency(sessions.reference, feeds, device, options.iterations, options.warmup)
+    _tick(timing)
+    conv_lat = runner.latency(real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations, options.warmup)
+    _tick(timing, finish=True)
+    batch = _batch_size(feeds)
+    speed = {
+        "device": device,
+        "batch_size": batch,
+        "reference": ref_lat | {"throughput_per_s": batch / (ref_lat["p50_ms"] / 1e3)},
+        "converted": conv_lat | {"throughput_per_s": batch / (conv_lat["p50_ms"] / 1e3)},
+        "speedup_p50": ref_lat["p50_ms"] / conv_lat["p50_ms"],
+        "peak_gpu_memory_bytes": None,
+        "note": CPU_SPEED_NOTE if device == "cpu" else None,
+    }
+    return speed, skipped
+
+
+def _inputs_report(plan, batches: list, specs: list) -> dict:
+    """Where the inputs came from and what they looked like (the report's `inputs`)."""
+    return {
+        "source": plan.source,
+        "batches": len(batches),
+        "dims": plan.dims,
+        "dim_defaults": plan.dim_defaults,
+        "ranges": {k: list(v) for k, v in plan.ranges.items()},
+        "specs": [
+            {"name": s.name, "dtype": dtype_name(s.elem_type), "shape": list(batches[0][s.name].shape)} for s in specs
+        ],
     }
 
 

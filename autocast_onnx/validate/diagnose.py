@@ -206,29 +206,90 @@ def diagnose(
     `reference` (its fp32 source) on one `batch` (input name -> array). `plan` (a PrecisionPlan of
     the reference) adds categories and reasons. Returns the report: per node errors, per output
     rankings and depth profiles. A converted model that ONNX Runtime refuses is refused (as
-    validate refuses it): its emulation would load, and attribute errors to a model that cannot run."""
+    validate refuses it): its emulation would load, and attribute errors to a model that cannot run.
+
+    The stages: index both models and build the emulation, find each node's depth and the outputs
+    it feeds, capture every float tensor of both full runs, measure each node's received and
+    produced error, recompute the low-precision nodes from exact inputs (introduced error), rank."""
     session_as_is(converted, where, device)
     ref_index = build_index(onnx.ModelProto.FromString(reference.SerializeToString()), "<reference>")
     conv_index = build_index(onnx.ModelProto.FromString(converted.SerializeToString()), "<converted>")
     emulated = emulation_model(converted, "<converted>")
-    conv_nodes = {(n.name, n.op): n for n in conv_index.main.nodes if n.name}
     ref_types = {v.name: v.dtype for v in ref_index.main.values.values()}
     containers = _container_types(reference, ref_index)
     emu_types = {v.name: v.dtype for v in build_index(emulated, "<emulated>").main.values.values()}
+    outputs = [v.name for v in ref_index.main.outputs if v.dtype in MIXABLE]
+    shape = _GraphShape(_depths(ref_index), outputs, _ancestors(ref_index, outputs))
+    plan_nodes = {entry.name: entry for entry in plan.nodes if entry.graph == "main"} if plan is not None else {}
+    # tensors to compare: every float tensor of R that E also holds as fp32
+    float_names = [n for n, t in ref_types.items() if t in MIXABLE and emu_types.get(n) == FLOAT]
+    node_tensors = [n for n in float_names if ref_index.main.values[n].kind == "node"]
+    ref_values = _capture(reference, node_tensors, ref_types, batch, device)
+    ref_values.update(_graph_inputs(ref_index, float_names, batch))
+    emu_values = _capture(emulated, node_tensors, emu_types, batch, device)
+    tensor_error = {n: relative_error(emu_values[n], ref_values[n]) for n in emu_values}
+    conv_nodes = {(n.name, n.op): n for n in conv_index.main.nodes if n.name}
+    errors, local = _node_errors(ref_index, conv_nodes, shape, plan_nodes, tensor_error, containers)
+    if ref_index.main.nodes and not errors:
+        raise AutocastError(
+            "no node of the converted model matches a node of the reference by name and op type",
+            "diagnose",
+            "pass the fp32 model CONVERTED was converted from, as REFERENCE",
+        )
+    recompute = _Recompute(reference, ref_types, containers, batch, device, ref_values)
+    _introduced(recompute, local, errors)
+    return _report(errors, outputs, tensor_error, top)
 
-    # depth (longest path from the inputs) and, per graph output, the nodes it depends on
+
+@dataclass(frozen=True)
+class _GraphShape:
+    """Where each node sits in the reference: its depth, and the float graph outputs it feeds."""
+
+    depth: dict  # node name -> longest path from the inputs
+    outputs: list  # the float graph outputs
+    ancestors: dict  # graph output -> the names of the nodes it depends on
+
+
+@dataclass
+class _Local:
+    """The nodes to recompute from exact inputs, and the ports the converted model runs low."""
+
+    nodes: list = field(default_factory=list)
+    low_in: dict = field(default_factory=dict)  # (node name, input port) -> low type
+    low_out: dict = field(default_factory=dict)  # (node name, output port) -> low type
+
+
+@dataclass(frozen=True)
+class _Recompute:
+    """What recomputing nodes from the reference's exact tensors needs; `values` (tensor name ->
+    the reference's value) grows as more tensors are captured."""
+
+    reference: onnx.ModelProto
+    types: dict
+    containers: dict
+    batch: dict
+    device: str
+    values: dict
+
+
+def _depths(index) -> dict:
+    """node name -> depth (the longest path from the inputs)."""
     depth: dict[str, int] = {}
-    for node in ref_index.main.order or ref_index.main.nodes:
+    for node in index.main.order or index.main.nodes:
         d = 0
         for value in node.inputs:
             if value is not None and value.producer is not None:
                 d = max(d, depth.get(value.producer.name, 0) + 1)
         depth[node.name] = d
-    outputs = [v.name for v in ref_index.main.outputs if v.dtype in MIXABLE]
+    return depth
+
+
+def _ancestors(index, outputs: list) -> dict:
+    """graph output -> the names of the nodes it depends on."""
     ancestors: dict[str, set] = {}
     for out in outputs:
         seen: set = set()
-        stack = [ref_index.main.values[out].producer]
+        stack = [index.main.values[out].producer]
         while stack:
             node = stack.pop()
             if node is None or node.name in seen:
@@ -236,30 +297,26 @@ def diagnose(
             seen.add(node.name)
             stack.extend(v.producer for v in node.inputs if v is not None)
         ancestors[out] = seen
+    return ancestors
 
-    plan_nodes = {}
-    if plan is not None:
-        for entry in plan.nodes:
-            if entry.graph == "main":
-                plan_nodes[entry.name] = entry
 
-    # tensors to compare: every float tensor of R that E also holds as fp32
-    float_names = [n for n, t in ref_types.items() if t in MIXABLE and emu_types.get(n) == FLOAT]
-    node_tensors = [n for n in float_names if ref_index.main.values[n].kind == "node"]
-    ref_values = _capture(reference, node_tensors, ref_types, batch, device)
+def _graph_inputs(index, float_names: list, batch: dict) -> dict:
+    """The reference's values of the float graph inputs (from the batch) and initializers."""
+    values = {}
     for name in float_names:
-        if ref_index.main.values[name].kind == "input" and name in batch:
-            ref_values[name] = batch[name]
-        elif ref_index.main.values[name].kind == "initializer":
-            init = ref_index.main.values[name].initializer
-            ref_values[name] = onnx.numpy_helper.to_array(init)
-    emu_values = _capture(emulated, node_tensors, emu_types, batch, device)
-    tensor_error = {n: relative_error(emu_values[n], ref_values[n]) for n in emu_values}
+        if index.main.values[name].kind == "input" and name in batch:
+            values[name] = batch[name]
+        elif index.main.values[name].kind == "initializer":
+            init = index.main.values[name].initializer
+            values[name] = onnx.numpy_helper.to_array(init)
+    return values
 
+
+def _node_errors(ref_index, conv_nodes: dict, shape: _GraphShape, plan_nodes: dict, tensor_error: dict, containers):
+    """(node name -> NodeError for every reference node the converted model keeps, with its
+    received and produced error; the low-precision nodes to recompute from exact inputs)."""
     errors: dict[str, NodeError] = {}
-    local_candidates = []
-    low_in: dict = {}
-    low_out: dict = {}
+    local = _Local()
     for node in ref_index.main.nodes:
         conv = conv_nodes.get((node.name, node.op))
         if not node.name or conv is None:
@@ -267,20 +324,7 @@ def diagnose(
         in_types = [v.dtype if v is not None else None for v in conv.inputs]
         out_types = [v.dtype if v is not None else None for v in conv.outputs]
         low = next((t for t in in_types + out_types if t in LOW), None)
-        precision = dtype_name(low) if low is not None else "fp32"
-        entry = NodeError(node.name, node.op, precision, depth.get(node.name, 0))
-        entry.received = max(
-            (tensor_error.get(v.name, 0.0) for v in node.inputs if v is not None and v.dtype in MIXABLE), default=0.0
-        )
-        entry.produced = max(
-            (tensor_error.get(v.name, 0.0) for v in node.outputs if v is not None and v.dtype in MIXABLE),
-            default=0.0,
-        )
-        entry.outputs = [o for o in outputs if node.name in ancestors[o]]
-        planned = plan_nodes.get(node.name)
-        if planned is not None:
-            entry.category = planned.category
-            entry.reason = planned.reasons[-1].text() if planned.reasons else None
+        entry = _node_entry(node, low, shape, plan_nodes.get(node.name), tensor_error)
         errors[node.name] = entry
         if low is None:
             continue  # fp32 from its inputs: it adds no rounding of its own
@@ -291,49 +335,76 @@ def diagnose(
             continue
         for port, t in enumerate(in_types):
             if t in LOW:
-                low_in[(node.name, port)] = t
+                local.low_in[(node.name, port)] = t
         for port, t in enumerate(out_types):
             if t in LOW:
-                low_out[(node.name, port)] = t
-        local_candidates.append(node)
+                local.low_out[(node.name, port)] = t
+        local.nodes.append(node)
+    return errors, local
 
-    if ref_index.main.nodes and not errors:
-        raise AutocastError(
-            "no node of the converted model matches a node of the reference by name and op type",
-            "diagnose",
-            "pass the fp32 model CONVERTED was converted from, as REFERENCE",
-        )
-    opsets = [helper.make_opsetid(o.domain, o.version) for o in reference.opset_import]
-    for start in range(0, len(local_candidates), GROUP):
-        group = local_candidates[start : start + GROUP]
-        # twice: as the converted model computes the node, and with its inputs left exact (what
-        # keeping its producers fp32 would give): a large gap means its inputs' rounding hurts
+
+def _node_entry(node, low, shape: _GraphShape, planned, tensor_error: dict) -> NodeError:
+    """One node's NodeError: its precision, depth, received and produced error, the outputs it
+    feeds, and its category and reason from the plan."""
+    precision = dtype_name(low) if low is not None else "fp32"
+    entry = NodeError(node.name, node.op, precision, shape.depth.get(node.name, 0))
+    entry.received = max(
+        (tensor_error.get(v.name, 0.0) for v in node.inputs if v is not None and v.dtype in MIXABLE), default=0.0
+    )
+    entry.produced = max(
+        (tensor_error.get(v.name, 0.0) for v in node.outputs if v is not None and v.dtype in MIXABLE),
+        default=0.0,
+    )
+    entry.outputs = [o for o in shape.outputs if node.name in shape.ancestors[o]]
+    if planned is not None:
+        entry.category = planned.category
+        entry.reason = planned.reasons[-1].text() if planned.reasons else None
+    return entry
+
+
+def _introduced(recompute: _Recompute, local: _Local, errors: dict) -> None:
+    """Fill in the introduced error of the `local` nodes, GROUP at a time: each node recomputed
+    twice, as the converted model computes it, and with its inputs left exact (what keeping its
+    producers fp32 would give): a large gap means its inputs' rounding hurts."""
+    opsets = [helper.make_opsetid(o.domain, o.version) for o in recompute.reference.opset_import]
+    for start in range(0, len(local.nodes), GROUP):
+        group = local.nodes[start : start + GROUP]
         for inputs_rounded in (True, False):
-            model, results, needed = _local_model(
-                reference,
-                [n.proto for n in group],
-                low_in if inputs_rounded else {},
-                low_out,
-                ref_types,
-                opsets,
-                containers,
-            )
-            ref_values.update({n: batch[n] for n in needed if n not in ref_values and n in batch})
-            missing = [n for n in needed if n not in ref_values]
-            if missing:
-                ref_values.update(_capture(reference, missing, ref_types, batch, device, containers))
-            sess = runner.session(model.SerializeToString(), device, optimize=False)
-            # a sequence is fed as its list of arrays
-            feeds = {n: v if isinstance(v, list) else np.asarray(v) for n in needed for v in (ref_values[n],)}
-            got = dict(zip([o.name for o in model.graph.output], runner.run(sess, feeds)))
-            for node in group:
-                errs = [relative_error(got[local], ref_values[r]) for r, local in results[node.name] if r in ref_values]
+            low_in = local.low_in if inputs_rounded else {}
+            found = _recompute_group(recompute, group, low_in, local.low_out, opsets)
+            for name, error in found.items():
                 if inputs_rounded:
-                    errors[node.name].introduced = max(errs, default=0.0)
+                    errors[name].introduced = error
                 else:
-                    errors[node.name].exact_inputs = max(errs, default=0.0)
-            del sess
+                    errors[name].exact_inputs = error
 
+
+def _recompute_group(recompute: _Recompute, group: list, low_in: dict, low_out: dict, opsets: list) -> dict:
+    """node name -> the largest relative error of its outputs, the nodes of `group` computed from
+    the reference's exact tensors with the given ports rounded."""
+    r = recompute
+    model, results, needed = _local_model(
+        r.reference, [n.proto for n in group], low_in, low_out, r.types, opsets, r.containers
+    )
+    r.values.update({n: r.batch[n] for n in needed if n not in r.values and n in r.batch})
+    missing = [n for n in needed if n not in r.values]
+    if missing:
+        r.values.update(_capture(r.reference, missing, r.types, r.batch, r.device, r.containers))
+    sess = runner.session(model.SerializeToString(), r.device, optimize=False)
+    # a sequence is fed as its list of arrays
+    feeds = {n: v if isinstance(v, list) else np.asarray(v) for n in needed for v in (r.values[n],)}
+    got = dict(zip([o.name for o in model.graph.output], runner.run(sess, feeds)))
+    out = {}
+    for node in group:
+        errs = [relative_error(got[local], r.values[ref]) for ref, local in results[node.name] if ref in r.values]
+        out[node.name] = max(errs, default=0.0)
+    del sess
+    return out
+
+
+def _report(errors: dict, outputs: list, tensor_error: dict, top: int) -> dict:
+    """Per output, the nodes it depends on ranked by the error they introduce, and its depth
+    profile (the largest produced error at each depth); every node's errors."""
     ranking = {}
     profile = {}
     for out in outputs:

@@ -24,6 +24,7 @@ Nodes of If/Loop/Scan bodies are candidates too, ranked after the attributed one
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import onnx
@@ -233,45 +234,67 @@ def search(
     note=None,
 ) -> tuple[dict, dict]:
     """(node id -> Reason for the nodes to keep fp32, a log of the search). `progress(label,
-    total)` gives a bar (a terminal); `note(text)` is called once per step (no terminal)."""
-    import time
+    total)` gives a bar (a terminal); `note(text)` is called once per step (no terminal).
 
-    start = time.perf_counter()
-    ev = _Evaluator(model, batches, convert_options, target, device)
-    first = ev.convert({})
-    index = build_index(onnx.ModelProto.FromString(model.SerializeToString()))
-    low = {p.id for p in first.plan.nodes if p.precision in ("fp16", "bf16") and not _forced_low(p)}
-    order = [n.id for n in global_order(index) if n.id in low]
-    labels = {n.id: n.label for n in index.nodes}
-    log: dict[str, Any] = {
-        "candidates": len(order),
-        "evaluations": 0,
-        "kept": [],
-        "attribution": {},
-        "initial_failures": [],
-        "passed": True,
-        "seconds": 0.0,
-    }
-    # the search never runs more than this many evaluations (the budget, plus the last check of a
-    # culprit and the two checks up front): an honest upper bound for the bar
-    bound = MAX_EVALUATIONS + 3
-    bar = progress(f"--target search (at most {bound} evaluations)", bound) if progress else None
+    The stages (see the module docstring): check the two ends (nothing kept fp32 may already
+    pass; everything kept fp32 must), attribute the error to nodes, rank the candidates, find the
+    culprits one by one, and finish with the smallest passing set."""
+    run = _Search(model, batches, convert_options, target, device, progress, note)
+    if run.passes_as_is():
+        return run.finish([])
+    run.check_reachable()
+    run.attribute(model, batches[0])
+    budget_hit = run.find_culprits(run.rank())
+    return run.finish_search(budget_hit)
 
-    def step(what: str, ok: bool, failures) -> None:
-        if bar:
-            bar.update(1)
-        if note:
+
+class _Search:
+    """The state of one --target search: the evaluator, the candidates (the nodes the plain
+    conversion makes low precision, in execution order), their scores and regions, the culprits
+    found and the smallest passing set seen, the bar and the log."""
+
+    def __init__(self, model, batches, convert_options: dict, target: Thresholds, device: str, progress, note):
+        self.start = time.perf_counter()
+        self.ev = _Evaluator(model, batches, convert_options, target, device)
+        self.first = self.ev.convert({})
+        self.index = build_index(onnx.ModelProto.FromString(model.SerializeToString()))
+        self.low = {p.id for p in self.first.plan.nodes if p.precision in ("fp16", "bf16") and not _forced_low(p)}
+        self.order = [n.id for n in global_order(self.index) if n.id in self.low]
+        self.labels = {n.id: n.label for n in self.index.nodes}
+        self.log: dict[str, Any] = {
+            "candidates": len(self.order),
+            "evaluations": 0,
+            "kept": [],
+            "attribution": {},
+            "initial_failures": [],
+            "passed": True,
+            "seconds": 0.0,
+        }
+        # the search never runs more than this many evaluations (the budget, plus the last check of a
+        # culprit and the two checks up front): an honest upper bound for the bar
+        bound = MAX_EVALUATIONS + 3
+        self.bar = progress(f"--target search (at most {bound} evaluations)", bound) if progress else None
+        self.note = note
+        self.scores: dict[int, float] = {}
+        self.position: dict[int, int] = {}
+        self.regions: dict = {}
+        self.base_error = 0.0
+        self.best: list = list(self.order)  # the smallest passing set seen so far
+        self.culprits: list = []
+
+    # -- bookkeeping
+
+    def step(self, what: str, ok: bool, failures) -> None:
+        """One evaluation done: advance the bar, or note what was tried and how it went."""
+        if self.bar:
+            self.bar.update(1)
+        if self.note:
             why = "" if ok else f": {failures[0]}" if failures else ""
-            note(f"--target search: evaluation {ev.evaluations}: {what} -> {'pass' if ok else 'fail'}{why}")
+            self.note(f"--target search: evaluation {self.ev.evaluations}: {what} -> {'pass' if ok else 'fail'}{why}")
 
-    def finish(kept_ids) -> tuple[dict, dict]:
-        if bar:
-            bar.finish()
-        log["evaluations"] = ev.evaluations
-        log["seconds"] = round(time.perf_counter() - start, 3)
-        return forced(kept_ids), log
-
-    def forced(ids):
+    def forced(self, ids) -> dict:
+        """node id -> the Reason that keeps it fp32, for each of `ids`."""
+        scores = self.scores
         return {
             i: Reason(
                 "accuracy-search",
@@ -282,120 +305,155 @@ def search(
             for i in ids
         }
 
-    scores: dict[int, float] = {}
-    ok, failures = ev.passes({})
-    step("nothing kept fp32", ok, failures)
-    log["initial_failures"] = failures
-    if ok:
-        return finish([])
-    ok_all, failures_all = ev.passes(forced(order))
-    step(f"all {len(order)} candidates kept fp32", ok_all, failures_all)
-    if not ok_all:
-        if bar:
-            bar.finish()
+    def finish(self, kept_ids) -> tuple[dict, dict]:
+        """Close the bar and the log; (the forced nodes, the log)."""
+        if self.bar:
+            self.bar.finish()
+        self.log["evaluations"] = self.ev.evaluations
+        self.log["seconds"] = round(time.perf_counter() - self.start, 3)
+        return self.forced(kept_ids), self.log
+
+    # -- the two ends
+
+    def passes_as_is(self) -> bool:
+        """Whether the conversion passes with nothing kept fp32 (then there is nothing to search)."""
+        ok, failures = self.ev.passes({})
+        self.step("nothing kept fp32", ok, failures)
+        self.log["initial_failures"] = failures
+        return ok
+
+    def check_reachable(self) -> None:
+        """Refuse a target that fails even with every candidate kept fp32: no set can help."""
+        ok_all, failures_all = self.ev.passes(self.forced(self.order))
+        self.step(f"all {len(self.order)} candidates kept fp32", ok_all, failures_all)
+        if ok_all:
+            return
+        if self.bar:
+            self.bar.finish()
         raise AutocastError(
             "the --target cannot be met even with every low-precision node kept fp32: " + "; ".join(failures_all[:3]),
             "--target",
             "loosen the target, or check the inputs (the fp32 model is the reference)",
         )
-    scores, input_sensitive = _scores(model, first.model, batches[0], index, low)
-    position = {i: k for k, i in enumerate(order)}
-    regions = _regions(index, first.plan, low, input_sensitive)
-    # Where along the graph does keeping fp32 pay? Each band of consecutive candidates (in
-    # execution order) is kept fp32 once, and the drop in output error per node ranks the bands;
-    # within a band, the nodes are ranked by the error they introduce.
-    _, _, base_error = ev.measure({})
 
-    def band_gain(band: list, label: str) -> float:
-        ok_b, failures_b, error_b = ev.measure(forced(band))
-        step(f"{label} ({len(band)} nodes) kept fp32", ok_b, failures_b)
+    # -- ranking
+
+    def attribute(self, model, batch) -> None:
+        """Score the candidates by the error they introduce (one diagnosis of the first batch),
+        grow each into its region, and measure the output error with nothing kept fp32."""
+        self.scores, input_sensitive = _scores(model, self.first.model, batch, self.index, self.low)
+        self.position = {i: k for k, i in enumerate(self.order)}
+        self.regions = _regions(self.index, self.first.plan, self.low, input_sensitive)
+        _, _, self.base_error = self.ev.measure({})
+
+    def rank(self) -> list:
+        """The candidates, most promising first. Where along the graph does keeping fp32 pay? Each
+        band of consecutive candidates (in execution order) is kept fp32 once, and the drop in
+        output error per node ranks the bands; the best band is refined the same way; within a
+        band, the nodes are ranked by the error they introduce."""
+        bands = _bands(self.order, BANDS)
+        gains = [self._band_gain(band, f"band {b + 1}/{len(bands)}") for b, band in enumerate(bands)]
+        if max(gains) <= 0:  # no band helps alone (e.g. an overflow that two bands must fix together)
+            return self._by_score(self.order)
+        ranked_bands = [band for _, band in sorted(zip(gains, bands), key=lambda p: -p[0])]
+        return self._refine(ranked_bands[0]) + [i for band in ranked_bands[1:] for i in self._by_score(band)]
+
+    def _band_gain(self, band: list, label: str) -> float:
+        ok_b, failures_b, error_b = self.ev.measure(self.forced(band))
+        self.step(f"{label} ({len(band)} nodes) kept fp32", ok_b, failures_b)
         # per node that this makes fp32 (the band and the follow nodes that follow it to fp32)
-        cost = sum(1 for i in order if ev.last_precisions[i] in ("fp32", "unchanged"))
-        return _gain(base_error, error_b) / max(cost, 1)
+        cost = sum(1 for i in self.order if self.ev.last_precisions[i] in ("fp32", "unchanged"))
+        return _gain(self.base_error, error_b) / max(cost, 1)
 
-    def by_score(nodes: list) -> list:
-        return sorted(nodes, key=lambda i: (-scores.get(i, 0.0), position[i]))
+    def _by_score(self, nodes: list) -> list:
+        return sorted(nodes, key=lambda i: (-self.scores.get(i, 0.0), self.position[i]))
 
-    def refine(band: list, depth: int = 1) -> list:
+    def _refine(self, band: list, depth: int = 1) -> list:
         """The band's nodes, the sub-band where keeping fp32 pays most first (recursively)."""
         if len(band) <= 2:
-            return by_score(band)
+            return self._by_score(band)
         subs = _bands(band, 4)
-        gains_sub = [band_gain(sub, f"band level {depth + 1}, part {k + 1}/{len(subs)}") for k, sub in enumerate(subs)]
+        gains_sub = [
+            self._band_gain(sub, f"band level {depth + 1}, part {k + 1}/{len(subs)}") for k, sub in enumerate(subs)
+        ]
         if max(gains_sub) <= 0:  # no part helps alone: attribution decides
-            return by_score(band)
+            return self._by_score(band)
         ranked_subs = [sub for _, sub in sorted(zip(gains_sub, subs), key=lambda p: -p[0])]
-        return refine(ranked_subs[0], depth + 1) + [i for sub in ranked_subs[1:] for i in by_score(sub)]
+        return self._refine(ranked_subs[0], depth + 1) + [i for sub in ranked_subs[1:] for i in self._by_score(sub)]
 
-    bands = _bands(order, BANDS)
-    gains = [band_gain(band, f"band {b + 1}/{len(bands)}") for b, band in enumerate(bands)]
-    if max(gains) <= 0:  # no band helps alone (e.g. an overflow that two bands must fix together)
-        ranked = by_score(order)
-    else:
-        ranked_bands = [band for _, band in sorted(zip(gains, bands), key=lambda p: -p[0])]
-        ranked = refine(ranked_bands[0]) + [i for band in ranked_bands[1:] for i in by_score(band)]
+    # -- culprits
 
-    def expand(ids) -> list:
+    def expand(self, ids) -> list:
+        """The nodes of the regions of `ids`, in order, each once."""
         out: dict = {}
         for i in ids:
-            for j in sorted(regions[i], key=position.__getitem__):
+            for j in sorted(self.regions[i], key=self.position.__getitem__):
                 out[j] = None
         return list(out)
 
-    # Culprits one at a time, each the shortest prefix of the remaining ranking that passes with
-    # those already kept (found by doubling, then bisection): with a good ranking a culprit sits
-    # near the front and costs a few evaluations; each one kept is needed given the ranking. The
-    # smallest passing set seen so far is always at hand: when the evaluation budget runs out
-    # (many culprits), the search stops there.
-    best: list = list(order)
-    kept_core: list = []
-    remaining = list(ranked)
-
-    def attempt(ids: list, what: str) -> bool:
-        nonlocal best
-        ok, failures = ev.passes(forced(ids))
-        step(what, ok, failures)
-        if ok and len(ids) < len(best):
-            best = ids
-            if bar is not None and hasattr(bar, "describe"):
-                count = f"{len(best)} node{'s' if len(best) != 1 else ''}"
-                bar.describe(f"--target search (best so far: {count} kept fp32)")
+    def attempt(self, ids: list, what: str) -> bool:
+        """Evaluate with `ids` kept fp32; a passing set smaller than the best so far becomes the best."""
+        ok, failures = self.ev.passes(self.forced(ids))
+        self.step(what, ok, failures)
+        if ok and len(ids) < len(self.best):
+            self.best = ids
+            if self.bar is not None and hasattr(self.bar, "describe"):
+                count = f"{len(self.best)} node{'s' if len(self.best) != 1 else ''}"
+                self.bar.describe(f"--target search (best so far: {count} kept fp32)")
         return ok
 
-    budget_hit = False
-    while not attempt(expand(kept_core), f"{len(kept_core)} culprits kept fp32"):
-        if ev.evaluations >= MAX_EVALUATIONS:
-            budget_hit = True
-            break
-        lo, hi = 0, 1
-        passed = False
-        while ev.evaluations < MAX_EVALUATIONS:
-            if attempt(expand(kept_core + remaining[:hi]), f"{len(kept_core)} culprits + the next {hi} ranked"):
-                passed = True
-                break
-            if hi >= len(remaining):
-                raise AutocastError("the --target search could not pass", "--target", "this is a bug; please report it")
-            lo, hi = hi, min(2 * hi, len(remaining))
-        if not passed:
-            budget_hit = True
-            break
-        while hi - lo > 1 and ev.evaluations < MAX_EVALUATIONS:
+    def find_culprits(self, ranked: list) -> bool:
+        """Culprits one at a time, each the shortest prefix of the remaining ranking that passes
+        with those already kept (found by doubling, then bisection): with a good ranking a culprit
+        sits near the front and costs a few evaluations; each one kept is needed given the
+        ranking. Returns whether the evaluation budget ran out first (then the smallest passing set
+        seen so far is the answer)."""
+        remaining = list(ranked)
+        while not self.attempt(self.expand(self.culprits), f"{len(self.culprits)} culprits kept fp32"):
+            if self.ev.evaluations >= MAX_EVALUATIONS:
+                return True
+            found = self._next_culprit(remaining)
+            if found is None:
+                return True
+            self.culprits.append(remaining.pop(found))
+        return False
+
+    def _next_culprit(self, remaining: list) -> int | None:
+        """The position in `remaining` of the next culprit, or None when the budget ran out."""
+        bounds = self._doubling(remaining)
+        if bounds is None:
+            return None
+        lo, hi = bounds
+        while hi - lo > 1 and self.ev.evaluations < MAX_EVALUATIONS:
             mid = (lo + hi) // 2
-            if attempt(expand(kept_core + remaining[:mid]), f"{len(kept_core)} culprits + the next {mid} ranked"):
+            if self._with_prefix(remaining, mid):
                 hi = mid
             else:
                 lo = mid
-        if hi - lo > 1:
-            budget_hit = True
-            break
-        kept_core.append(remaining.pop(hi - 1))
-    log["budget_reached"] = budget_hit
-    if budget_hit:
-        kept = _tidy(ev, best, index, first.plan)
-        log["kept"] = [labels[i] for i in kept]
-        log["attribution"] = {labels[i]: scores.get(i, 0.0) for i in kept}
-        return finish(kept)
-    kept = _tidy(ev, expand(kept_core), index, first.plan)
-    log["kept"] = [labels[i] for i in kept]
-    log["attribution"] = {labels[i]: scores.get(i, 0.0) for i in kept}
-    return finish(kept)
+        return hi - 1 if hi - lo <= 1 else None
+
+    def _doubling(self, remaining: list) -> tuple[int, int] | None:
+        """(a failing prefix length, a passing one), doubling from one; None when the budget ran out."""
+        lo, hi = 0, 1
+        while self.ev.evaluations < MAX_EVALUATIONS:
+            if self._with_prefix(remaining, hi):
+                return lo, hi
+            if hi >= len(remaining):
+                raise AutocastError("the --target search could not pass", "--target", "this is a bug; please report it")
+            lo, hi = hi, min(2 * hi, len(remaining))
+        return None
+
+    def _with_prefix(self, remaining: list, count: int) -> bool:
+        culprits = self.culprits
+        return self.attempt(
+            self.expand(culprits + remaining[:count]), f"{len(culprits)} culprits + the next {count} ranked"
+        )
+
+    def finish_search(self, budget_hit: bool) -> tuple[dict, dict]:
+        """Tidy the answer (the smallest passing set when the budget ran out, else the culprits'
+        regions), record it in the log and finish."""
+        self.log["budget_reached"] = budget_hit
+        kept = _tidy(self.ev, self.best if budget_hit else self.expand(self.culprits), self.index, self.first.plan)
+        self.log["kept"] = [self.labels[i] for i in kept]
+        self.log["attribution"] = {self.labels[i]: self.scores.get(i, 0.0) for i in kept}
+        return self.finish(kept)
