@@ -786,8 +786,21 @@ def check_outputs(
     is an input, an output in a folder that does not exist, an output spelled as a folder
     ('out/', see names_folder), a directory, block device or socket given as an output, and an
     existing NAME.data beside a model that is not a regular file."""
-    # (flag, path or STDOUT, model flag of a data file)
-    entries: list[tuple[str, Path | Literal["-"], str | None]] = []
+    entries = _output_entries(outputs, models, read_back)
+    _refuse_writing_inputs(entries, inputs, model_inputs)
+    _refuse_shared_outputs(entries)
+
+
+# (flag, path or STDOUT, the model flag of a data file)
+_OutputEntry = tuple[str, "Path | Literal['-']", "str | None"]
+
+
+def _output_entries(
+    outputs: Iterable[tuple[str, str | os.PathLike | None]], models: Collection[str], read_back: Collection[str]
+) -> list[_OutputEntry]:
+    """check_outputs, first: each given output as an entry (plus NAME.data beside each model),
+    refusing a model on stdout, a missing folder, a folder spelling and a non-file read back."""
+    entries: list[_OutputEntry] = []
     for flag, path in outputs:
         if path is None:
             continue
@@ -819,7 +832,11 @@ def check_outputs(
             data = path.with_name(path.name + ".data")
             check_data_file(data)
             entries.append((flag, data, flag))
+    return entries
 
+
+def _refuse_writing_inputs(entries: list[_OutputEntry], inputs: Iterable, model_inputs: Iterable) -> None:
+    """check_outputs, second: no output is an input file, or a data file of an input model."""
     protected = _protected_files(inputs, model_inputs, [path for _, path, _ in entries if path != STDOUT])
     for flag, path, data_of in entries:
         if path == STDOUT:
@@ -838,6 +855,9 @@ def check_outputs(
                     "choose another path; autocast-onnx never overwrites its input",
                 )
 
+
+def _refuse_shared_outputs(entries: list[_OutputEntry]) -> None:
+    """check_outputs, last: no two outputs write the same file, or stdout (or the file it goes to)."""
     for k, (flag, path, data_of) in enumerate(entries):
         for other, other_path, other_data_of in entries[:k]:
             if path == STDOUT and other_path == STDOUT:

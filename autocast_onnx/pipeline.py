@@ -207,12 +207,7 @@ def convert(
     """
     timings = {}
     t0 = time.perf_counter()
-    if isinstance(model, (str, os.PathLike)):
-        loaded = load_checked(model)
-    else:
-        proto = _copy_model(model) if copy else model
-        check_input(proto)
-        loaded = LoadedModel(model=proto, path=None, file_bytes=0)
+    loaded = _loaded(model, copy)
     timings["load"] = time.perf_counter() - t0
     return _convert_loaded(
         loaded,
@@ -231,6 +226,76 @@ def convert(
         strict=strict,
         low_precision_io=low_precision_io,
     )
+
+
+@dataclass
+class PlannedModel:
+    """A model planned but not converted (plan_model): the plan convert would apply, the index it
+    was made on, and the training graph the model is (None: inference)."""
+
+    plan: PrecisionPlan
+    index: object
+    training: TrainingGraph | None = None
+
+
+def plan_model(
+    model: onnx.ModelProto | str | os.PathLike,
+    *,
+    precision: Precision | str | None = None,
+    rules=(),
+    keep_io_types: bool | None = None,
+    exclude_ops=(),
+    exclude_nodes=(),
+    include_nodes=(),
+    copy: bool = True,
+    calibration=None,
+    force_fp32=None,
+    loss_scale: str | float | None = None,
+    strict: bool = False,
+    low_precision_io: str | None = None,
+) -> PlannedModel:
+    """Plan a model without converting it: the stages of convert up to the plan (load, index,
+    classify, paint), then no rewrite of the weights, no apply, no check. For callers that read
+    only the plan (lint's protected findings, diagnose's reasons, explain): the plan is the one
+    convert gives with the same keywords, at a fraction of the cost. Raises AutocastError on bad
+    input, as convert does."""
+    loaded = _loaded(model, copy)
+    where = str(loaded.path) if loaded.path else "<model>"
+    planning = {"rules": rules, "exclude_ops": exclude_ops, "exclude_nodes": exclude_nodes}
+    planning |= {"include_nodes": include_nodes, "calibration": calibration, "force_fp32": force_fp32}
+    planning |= {"low_precision_io": low_precision_io}
+    with _stage("resolve target"):
+        _, target, keep_io_types = _resolve_target(None, precision, keep_io_types, planning)
+    with _stage("check opset"):
+        _check_opset(loaded.model, target, where)
+    with _stage("read options"):
+        selection = _read_selection(planning, strict)
+    with _no_gc():
+        with _stage("index"):
+            index = _index(loaded, where)
+        with _stage("prepare training"):
+            training, scale = _training_setup(loaded.model, index, loss_scale, keep_io_types, where)
+            if scale is not None:
+                index = _index(loaded, where)
+        with _stage("plan"):
+            low_io = _low_precision_io(index, selection.low_precision_io, training, where)
+            work = _work(index, tensor_shapes(loaded.model))
+            plan = _fresh_plan(index, selection, target, keep_io_types, training, work, low_io, None, None, where)
+    with _stage("record training"):
+        # the loss scaling's record names what its rewrite adds: made on this copy, after the plan
+        scaling = unscale_gradients(loaded.model, training, scale) if scale is not None and training else None
+        _record_training(plan, training, scaling)
+    return PlannedModel(plan=plan, index=index, training=training)
+
+
+def _loaded(model, copy: bool) -> LoadedModel:
+    """The model to work on: read and checked from a path, or an in-memory one checked (a copy
+    unless copy=False)."""
+    if isinstance(model, (str, os.PathLike)):
+        return load_checked(model)
+    proto = _copy_model(model) if copy else model
+    check_input(proto)
+    return LoadedModel(model=proto, path=None, file_bytes=0)
 
 
 def _copy_model(model: onnx.ModelProto) -> onnx.ModelProto:

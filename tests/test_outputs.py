@@ -644,7 +644,7 @@ CRASHES = {
         "checking",
     ),
     "lint": ("autocast_onnx.lint.report", "lint_text", ["lint", "{m}", "-o", "{out}/l.txt"], "linting"),
-    "explain": ("autocast_onnx.pipeline", "convert", ["explain", "{m}", "fc"], "explaining"),
+    "explain": ("autocast_onnx.pipeline", "plan_model", ["explain", "{m}", "fc"], "explaining"),
     "rules": ("autocast_onnx.lint.report", "rules_text", ["rules"], "listing"),
 }
 

@@ -8,12 +8,15 @@ it ends in exit 2 or 3 after writing them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -594,167 +597,284 @@ def convert(
     MODEL may be an onnxruntime-training artifacts folder: its training and eval models are
     converted into the -o folder (default: FOLDER.<precision>), the optimizer model and
     checkpoint are copied, and autocast-manifest.json says what changed."""
-    early = (
-        plan_file is None
-        and kw.get("precision") in (None, "fp16")
-        and external_data is not True
-        and not (run_validate or targets or calibration_data)
-        and os.path.isfile(model)
+    call = _ConvertCall(
+        ctx=ctx,
+        model=model,
+        output=output,
+        plan_file=plan_file,
+        plan_out=plan_out,
+        external_data=external_data,
+        check=check,
+        quiet=quiet,
+        loss_scale=loss_scale,
+        calibration_data=calibration_data,
+        targets=targets,
+        run_validate=run_validate,
+        config=config,
+        verbose=verbose,
+        kw=kw,
     )
+    early = _starts_early(call)
     if early:  # the worker's walk of the file runs while this process imports (worker.py)
         from .. import worker
 
         worker.start_early(model)
-    from ..report import conversion_summary
-
-    report_json = kw.get("report_json")
-    report_html = kw.get("report_html")
-    to_stderr = _to_stdout(plan_out, report_json, report_html)  # stdout holds the report alone
-
-    def echo(text=""):
-        if not quiet:
-            click.echo(text, err=to_stderr)
-
-    def body(written):
-        from ..io import check_model_path, check_outputs
-        from ..options import validate_options
-        from ..pipeline import convert_file, default_output_path
-        from ..validate.on_data import plan_on_data
-
-        if not run_validate:
-            _refuse_unused(ctx, _COMPARE_ONLY, "without --validate", "add --validate or drop them")
-            if not targets:
-                _refuse_unused(
-                    ctx, _INPUT_OPTIONS, "without --validate or --target", "add --validate or --target, or drop them"
-                )
-                if calibration_data is None:
-                    _refuse_unused(ctx, ("device",), "without --validate, --target or --calibration-data", "drop it")
-        _refuse_generation_with_inputs(ctx, kw)
-        settings, config_file = _setup(config, verbose)
-        plan = _plan_from(settings, kw)
-        if loss_scale is not None:
-            from ..rewrite.loss_scale import parse_loss_scale
-
-            parse_loss_scale(loss_scale)
-        if _artifacts_folder(model):
-            _refuse_unused(
-                ctx,
-                ("plan_file", "plan_out", "calibration_data", "targets", "run_validate", "external_data"),
-                "with an artifacts folder",
-                "convert training_model.onnx on its own to use them",
-            )
-            return _convert_folder(model, output, plan, check, loss_scale, echo)
-        replay = None
-        if plan_file is not None:
-            from ..plan import PrecisionPlan
-
-            _refuse_unused(
-                ctx,
-                (
-                    "precision",
-                    "rules",
-                    "exclude_op",
-                    "exclude_node",
-                    "include_node",
-                    "keep_io_types",
-                    "low_precision_io",
-                    "calibration_data",
-                    "targets",
-                ),
-                "with --plan: the plan decides every node",
-                "edit the plan's node precisions instead",
-            )
-            replay = PrecisionPlan.load(plan_file)
-        precision = replay.target.value if replay is not None else plan.precision.value
-        if output is None:
-            check_model_path(model)  # no default output beside a missing file, a folder, a device or a FIFO
-        out = output or default_output_path(model, precision)
-        options = validate_options(settings, **kw)  # refuse bad validation flags before any work
-        goal = None
-        if targets:
-            from ..options import parse_targets
-
-            goal = parse_targets(targets)
-        check_outputs(
-            [("-o", out), ("--plan-out", plan_out), ("--report-json", report_json), ("--report-html", report_html)],
-            [model, calibration_data, options.inputs, config_file, plan_file, *plan.rules],
-            models=["-o"],
-            read_back=["-o"] if run_validate else [],
-            # convert_file checks -o and --plan-out against the input's data files itself
-            model_inputs=[model] if run_validate else [],
-        )
-        training_step = run_validate and _is_training_model(model)
-        if training_step:
-            _refuse_for_training_step(
-                ctx, _given(ctx, [*_COMPARE_ONLY, *_INPUT_OPTIONS, "device", "calibration_data", "targets"])
-            )
-            _require_training_runtime(model)
-        elif run_validate:
-            from ..validate.core import precheck
-
-            precheck(model, options)
-        measured = plan_on_data(
-            model,
-            plan,
-            calibration_data=calibration_data,
-            targets=targets if goal else (),
-            validation=options,
-            progress=None if quiet else _progress,
-            note=None if quiet or sys.stderr.isatty() else lambda text: click.echo(text, err=True),
-        )
-        if measured.search_log is not None:
-            log = measured.search_log
-            kept = ", ".join(f"{n} ({e:.2g})" for n, e in log["attribution"].items()) if log["kept"] else "none"
-            budget = (
-                " (stopped at the evaluation budget: the smallest passing set found)"
-                if log.get("budget_reached")
-                else ""
-            )
-            echo(
-                f"--target search: {log['evaluations']} evaluations in {log['seconds']:.1f} s over "
-                f"{log['candidates']} low-precision nodes{budget}; kept fp32 (attributed error): {kept}"
-            )
-        written.track(out, Path(out).with_name(Path(out).name + ".data"), plan_out, report_json, report_html)
-        planning = (
-            {"plan": replay}
-            if replay is not None
-            else {"calibration": measured.calibration, "force_fp32": measured.force_fp32, **plan.convert_kwargs()}
-        )
-        result = convert_file(
-            model,
-            out,
-            plan_out=plan_out,
-            external_data=external_data,
-            check=check,
-            loss_scale=loss_scale,
-            search_log=measured.search_log,
-            **planning,
-        )
-        _outlive(result)
-        if not quiet:  # the summary walks the plan once more (0.1 s at 100k nodes): not for nothing
-            echo(conversion_summary(result, model, out))
-        if plan_out:
-            echo(f"plan written to {'stdout' if str(plan_out) == '-' else plan_out}")
-        if not run_validate:
-            return True
-        if training_step:
-            echo("")
-            return _training_step(model, out, options, echo, report_json)
-        from ..report.validation import validation_text
-        from ..validate.core import validate as run_validation
-
-        echo("")
-        report = run_validation(model, out, options, progress=None if quiet else _progress)
-        echo(validation_text(report))
-        _write_validation_reports(report, report_json, report_html)
-        return report["passed"]
-
+    call.to_stderr = _to_stdout(plan_out, call.report_json, call.report_html)  # stdout holds the report alone
     try:
-        passed = run_guarded(body, doing="converting", subject=model)
+        passed = run_guarded(functools.partial(_convert_body, call), doing="converting", subject=model)
     finally:
         if early:  # not taken over (the configuration chose bf16, the input was refused...)
             worker.discard_early()
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+@dataclass
+class _ConvertCall:
+    """The options of one `convert` command, handed from stage to stage of _convert_body."""
+
+    ctx: click.Context
+    model: Path
+    output: Path | None
+    plan_file: Path | None
+    plan_out: Path | None
+    external_data: bool | None
+    check: str
+    quiet: bool
+    loss_scale: str | None
+    calibration_data: Path | None
+    targets: tuple[str, ...]
+    run_validate: bool
+    config: Path | None
+    verbose: bool
+    kw: dict[str, Any]
+    to_stderr: bool = False
+
+    @property
+    def report_json(self):
+        return self.kw.get("report_json")
+
+    @property
+    def report_html(self):
+        return self.kw.get("report_html")
+
+    def echo(self, text: str = "") -> None:
+        """Print a line of the human-readable text (stderr when stdout holds a report), unless -q."""
+        if not self.quiet:
+            click.echo(text, err=self.to_stderr)
+
+
+def _starts_early(call: _ConvertCall) -> bool:
+    """Whether the worker may start walking the model file before this process imports the
+    pipeline: a plain fp16 conversion of a file, with nothing that plans on data."""
+    return (
+        call.plan_file is None
+        and call.kw.get("precision") in (None, "fp16")
+        and call.external_data is not True
+        and not (call.run_validate or call.targets or call.calibration_data)
+        and os.path.isfile(call.model)
+    )
+
+
+def _convert_body(call: _ConvertCall, written) -> bool:
+    """convert, under run_guarded: check every option and output, plan (maybe on data), convert,
+    print the summary, then validate if asked. True when every threshold passed."""
+    from ..options import validate_options
+
+    _refuse_convert_options_without_effect(call)
+    settings, config_file = _setup(call.config, call.verbose)
+    plan = _plan_from(settings, call.kw)
+    if call.loss_scale is not None:
+        from ..rewrite.loss_scale import parse_loss_scale
+
+        parse_loss_scale(call.loss_scale)
+    if _artifacts_folder(call.model):
+        _refuse_unused(
+            call.ctx,
+            ("plan_file", "plan_out", "calibration_data", "targets", "run_validate", "external_data"),
+            "with an artifacts folder",
+            "convert training_model.onnx on its own to use them",
+        )
+        return _convert_folder(call.model, call.output, plan, call.check, call.loss_scale, call.echo)
+    replay = _replay_plan(call)
+    out = _choose_output(call, replay.target.value if replay is not None else plan.precision.value)
+    options = validate_options(settings, **call.kw)  # refuse bad validation flags before any work
+    goal = None
+    if call.targets:
+        from ..options import parse_targets
+
+        goal = parse_targets(call.targets)
+    _check_convert_outputs(call, out, options, config_file, plan)
+    training_step = _prepare_validation(call, options)
+    measured = _plan_on_data(call, plan, options, goal)
+    written.track(out, Path(out).with_name(Path(out).name + ".data"), call.plan_out, call.report_json, call.report_html)
+    result = _run_conversion(call, out, replay, plan, measured)
+    _print_conversion(call, result, out)
+    if not call.run_validate:
+        return True
+    return _validate_converted(call, out, options, training_step)
+
+
+def _refuse_convert_options_without_effect(call: _ConvertCall) -> None:
+    """Nothing silent: the comparison, input and device options need --validate (or --target,
+    or --calibration-data), and the input-generating ones do nothing with --inputs."""
+    if not call.run_validate:
+        _refuse_unused(call.ctx, _COMPARE_ONLY, "without --validate", "add --validate or drop them")
+        if not call.targets:
+            _refuse_unused(
+                call.ctx, _INPUT_OPTIONS, "without --validate or --target", "add --validate or --target, or drop them"
+            )
+            if call.calibration_data is None:
+                _refuse_unused(call.ctx, ("device",), "without --validate, --target or --calibration-data", "drop it")
+    _refuse_generation_with_inputs(call.ctx, call.kw)
+
+
+def _replay_plan(call: _ConvertCall):
+    """The plan given with --plan (None without it); the planning options would do nothing beside it."""
+    if call.plan_file is None:
+        return None
+    from ..plan import PrecisionPlan
+
+    _refuse_unused(
+        call.ctx,
+        (
+            "precision",
+            "rules",
+            "exclude_op",
+            "exclude_node",
+            "include_node",
+            "keep_io_types",
+            "low_precision_io",
+            "calibration_data",
+            "targets",
+        ),
+        "with --plan: the plan decides every node",
+        "edit the plan's node precisions instead",
+    )
+    return PrecisionPlan.load(call.plan_file)
+
+
+def _choose_output(call: _ConvertCall, precision: str):
+    """-o, or MODEL.<precision>.onnx beside the input (which must then be a model file)."""
+    from ..io import check_model_path
+    from ..pipeline import default_output_path
+
+    if call.output is None:
+        check_model_path(call.model)  # no default output beside a missing file, a folder, a device or a FIFO
+    return call.output or default_output_path(call.model, precision)
+
+
+def _check_convert_outputs(call: _ConvertCall, out, options, config_file, plan) -> None:
+    """Refuse, before any work, outputs that clash with each other or with the files read."""
+    from ..io import check_outputs
+
+    check_outputs(
+        [
+            ("-o", out),
+            ("--plan-out", call.plan_out),
+            ("--report-json", call.report_json),
+            ("--report-html", call.report_html),
+        ],
+        [call.model, call.calibration_data, options.inputs, config_file, call.plan_file, *plan.rules],
+        models=["-o"],
+        read_back=["-o"] if call.run_validate else [],
+        # convert_file checks -o and --plan-out against the input's data files itself
+        model_inputs=[call.model] if call.run_validate else [],
+    )
+
+
+def _prepare_validation(call: _ConvertCall, options) -> bool:
+    """Before converting, check that --validate can run; True when it validates a training step
+    (the model is a training graph) rather than comparing outputs."""
+    training_step = call.run_validate and _is_training_model(call.model)
+    if training_step:
+        _refuse_for_training_step(
+            call.ctx, _given(call.ctx, [*_COMPARE_ONLY, *_INPUT_OPTIONS, "device", "calibration_data", "targets"])
+        )
+        _require_training_runtime(call.model)
+    elif call.run_validate:
+        from ..validate.core import precheck
+
+        precheck(call.model, options)
+    return training_step
+
+
+def _plan_on_data(call: _ConvertCall, plan, options, goal):
+    """What running the model decides before the conversion: --calibration-data's fp32 nodes and
+    the --target search (whose log is printed here)."""
+    from ..validate.on_data import plan_on_data
+
+    measured = plan_on_data(
+        call.model,
+        plan,
+        calibration_data=call.calibration_data,
+        targets=call.targets if goal else (),
+        validation=options,
+        progress=None if call.quiet else _progress,
+        note=None if call.quiet or sys.stderr.isatty() else lambda text: click.echo(text, err=True),
+    )
+    if measured.search_log is not None:
+        call.echo(_search_log_line(measured.search_log))
+    return measured
+
+
+def _search_log_line(log) -> str:
+    """One line on what the --target search did and which nodes it kept fp32."""
+    kept = ", ".join(f"{n} ({e:.2g})" for n, e in log["attribution"].items()) if log["kept"] else "none"
+    budget = " (stopped at the evaluation budget: the smallest passing set found)" if log.get("budget_reached") else ""
+    return (
+        f"--target search: {log['evaluations']} evaluations in {log['seconds']:.1f} s over "
+        f"{log['candidates']} low-precision nodes{budget}; kept fp32 (attributed error): {kept}"
+    )
+
+
+def _run_conversion(call: _ConvertCall, out, replay, plan, measured):
+    """Convert the model file into `out`, replaying --plan or planning with the options and what
+    was measured on data."""
+    from ..pipeline import convert_file
+
+    planning = (
+        {"plan": replay}
+        if replay is not None
+        else {"calibration": measured.calibration, "force_fp32": measured.force_fp32, **plan.convert_kwargs()}
+    )
+    result = convert_file(
+        call.model,
+        out,
+        plan_out=call.plan_out,
+        external_data=call.external_data,
+        check=call.check,
+        loss_scale=call.loss_scale,
+        search_log=measured.search_log,
+        **planning,
+    )
+    _outlive(result)
+    return result
+
+
+def _print_conversion(call: _ConvertCall, result, out) -> None:
+    """The conversion's summary and where the plan went."""
+    from ..report import conversion_summary
+
+    if not call.quiet:  # the summary walks the plan once more (0.1 s at 100k nodes): not for nothing
+        call.echo(conversion_summary(result, call.model, out))
+    if call.plan_out:
+        call.echo(f"plan written to {'stdout' if str(call.plan_out) == '-' else call.plan_out}")
+
+
+def _validate_converted(call: _ConvertCall, out, options, training_step: bool) -> bool:
+    """convert --validate: compare the converted model with MODEL (or run a training step), print
+    and write the report; True when every threshold passed."""
+    if training_step:
+        call.echo("")
+        return _training_step(call.model, out, options, call.echo, call.report_json)
+    from ..report.validation import validation_text
+    from ..validate.core import validate as run_validation
+
+    call.echo("")
+    report = run_validation(call.model, out, options, progress=None if call.quiet else _progress)
+    call.echo(validation_text(report))
+    _write_validation_reports(report, call.report_json, call.report_html)
+    return report["passed"]
 
 
 def _artifacts_folder(path) -> bool:
@@ -1225,7 +1345,7 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
     --op TYPE explains every node of that op type (with NODE: those that match both)."""
     import re
 
-    from ..pipeline import convert
+    from ..pipeline import plan_model
     from ..plan.model import looks_like_regex
     from ..validate.on_data import plan_on_data
 
@@ -1264,8 +1384,9 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
         settings, _ = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         measured = plan_on_data(model, plan, calibration_data=calibration_data)
-        result = convert(model, check="none", calibration=measured.calibration, **plan.convert_kwargs())
-        entries = select(result.plan)
+        # only the plan is read: no rewrite
+        planned = plan_model(model, calibration=measured.calibration, **plan.convert_kwargs())
+        entries = select(planned.plan)
         if len(entries) > 1:
             click.echo(f"{len(entries)} nodes match")
         for entry in entries:

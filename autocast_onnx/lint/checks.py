@@ -108,7 +108,7 @@ class LintContext:
         if self.mode == "actual":
             return None
         if self._plan is None:
-            from ..pipeline import convert
+            from ..pipeline import plan_model
 
             precision = "fp16" if self.low == FLOAT16 else "bf16"
             try:
@@ -122,9 +122,7 @@ class LintContext:
                         "include_nodes": self.plan_options.include_nodes,
                     }
                 )
-                self._plan = convert(
-                    self.model, precision=precision, rules=self.rules, check="none", **selection
-                ).plan.precisions
+                self._plan = plan_model(self.model, precision=precision, rules=self.rules, **selection).plan.precisions
             except AutocastError:  # e.g. an opset too old for bf16: nothing would be converted
                 self._plan = []
         if node.id >= len(self._plan):

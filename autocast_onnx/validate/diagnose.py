@@ -431,7 +431,7 @@ def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None,
     `ranges` and `seed` as validate does. `plan` (a plan file or PrecisionPlan of REFERENCE) gives
     categories and reasons; without it they come from the default rules."""
     from ..graph.sanity import load_checked
-    from ..pipeline import convert
+    from ..pipeline import plan_model
     from ..plan import PrecisionPlan
     from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
 
@@ -446,7 +446,7 @@ def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None,
     else:
         batch = generate(plan_inputs(specs, dims or {}, ranges or {}), seed=seed)
     if plan is None:
-        plan = convert(ref, check="none").plan
+        plan = plan_model(ref).plan  # the plan only: no conversion
         reasons = "default rules"
     else:
         plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
