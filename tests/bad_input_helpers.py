@@ -33,6 +33,20 @@ LOG = os.environ.get("AUTOCAST_BAD_INPUTS_LOG")
 CURRENT_CASE = {"id": "", "root": ""}  # set per test by an autouse fixture: logged case id, tmp root
 
 
+# ---- the test's folder ------------------------------------------------------------------------
+def isolated_cwd(tmp_path, monkeypatch, request):
+    """Body of the autouse fixture of the bad-input test files: run from an empty folder (no
+    configuration is discovered unless a test writes one), with AUTOCAST_ONNX_DEBUG unset, and
+    name the case for the optional log. Use: `isolated = pytest.fixture(autouse=True)(isolated_cwd)`."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("AUTOCAST_ONNX_DEBUG", raising=False)
+    CURRENT_CASE.update(id=request.node.name, root=str(tmp_path))
+    yield work
+    CURRENT_CASE.update(id="", root="")
+
+
 # ---- models ----------------------------------------------------------------------------------
 def weights(seed=0, n=64):
     return (np.random.default_rng(seed).standard_normal((n, n)) * 0.1).astype(np.float32)

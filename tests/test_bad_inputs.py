@@ -43,17 +43,7 @@ import autocast_onnx.io as aio
 ALL = ["convert", "lint", "validate", "check", "explain"]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch, request):
-    """Run from an empty folder (no configuration is discovered unless a test writes one), with
-    AUTOCAST_ONNX_DEBUG unset, and name the case for the optional log."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.delenv("AUTOCAST_ONNX_DEBUG", raising=False)
-    B.CURRENT_CASE.update(id=request.node.name, root=str(tmp_path))
-    yield work
-    B.CURRENT_CASE.update(id="", root="")
+isolated = pytest.fixture(autouse=True)(B.isolated_cwd)
 
 
 @pytest.fixture

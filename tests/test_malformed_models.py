@@ -25,16 +25,7 @@ N = 40  # the weights are N x N: 6400 bytes, so convert leaves w1 and w2 in the 
 COMMANDS = ["convert", "lint", "explain", "validate", "check", "diagnose"]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch, request):
-    """Run from an empty folder with AUTOCAST_ONNX_DEBUG unset; name the case for the log."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.delenv("AUTOCAST_ONNX_DEBUG", raising=False)
-    B.CURRENT_CASE.update(id=request.node.name, root=str(tmp_path))
-    yield work
-    B.CURRENT_CASE.update(id="", root="")
+isolated = pytest.fixture(autouse=True)(B.isolated_cwd)
 
 
 # ---- the base model and its parts -------------------------------------------------------------

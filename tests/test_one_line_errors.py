@@ -16,7 +16,16 @@ from pathlib import Path
 
 import onnx
 import pytest
-from bad_input_helpers import PREFIX, assert_one_error, edit_external, external_model, invoke, small_model, write_model
+from bad_input_helpers import (
+    PREFIX,
+    assert_one_error,
+    edit_external,
+    external_model,
+    invoke,
+    isolated_cwd,
+    small_model,
+    write_model,
+)
 from helpers import F32, model, tensor
 from onnx import helper
 
@@ -37,13 +46,7 @@ def assert_single_line(outcome, *fragments: str) -> str:
     return line
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Run from an empty folder (no configuration file is found)."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.delenv("AUTOCAST_ONNX_DEBUG", raising=False)
+isolated = pytest.fixture(autouse=True)(isolated_cwd)
 
 
 def op_model(op_type: str) -> onnx.ModelProto:

@@ -21,7 +21,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from bad_input_helpers import assert_ok, assert_one_error, external_model, invoke, small_model, snapshot, write_model
+from bad_input_helpers import (
+    assert_ok,
+    assert_one_error,
+    external_model,
+    invoke,
+    isolated_cwd,
+    small_model,
+    snapshot,
+    write_model,
+)
 from helpers import F32, init, model, tensor
 from onnx import helper
 
@@ -29,14 +38,7 @@ import autocast_onnx.io as aio
 import autocast_onnx.validate.inputs as inputs
 from autocast_onnx.errors import AutocastError
 
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Run from an empty folder (no configuration file is found)."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.delenv("AUTOCAST_ONNX_DEBUG", raising=False)
+isolated = pytest.fixture(autouse=True)(isolated_cwd)
 
 
 @pytest.fixture

@@ -32,16 +32,7 @@ SMALL = np.full((2, 4), 0.5, np.float32)  # what a decoy file outside the folder
 BEYOND_FP16 = np.array([[1e5, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]], np.float32)  # the model's own values
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch, request):
-    """Run from a folder of its own (cwd), with AUTOCAST_ONNX_DEBUG unset."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.delenv("AUTOCAST_ONNX_DEBUG", raising=False)
-    B.CURRENT_CASE.update(id=request.node.name, root=str(tmp_path))
-    yield work
-    B.CURRENT_CASE.update(id="", root="")
+isolated = pytest.fixture(autouse=True)(B.isolated_cwd)
 
 
 def external_value(location: str, values: np.ndarray = BEYOND_FP16, name="kv") -> TensorProto:

@@ -15,20 +15,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import onnx
 import pytest
 from helpers import parse, randn
 from onnx import TensorProto, helper
 
 from autocast_onnx import io as io_module
-from autocast_onnx import screen_work, worker
+from autocast_onnx import screen_work
 from autocast_onnx.catalog import toml_lines
 from autocast_onnx.catalog.toml_lines import TomlLines
 from autocast_onnx.errors import AutocastError
 from autocast_onnx.graph import sanity
 from autocast_onnx.io import load_model
 from autocast_onnx.pipeline import convert_file
-from autocast_onnx.plan import screen as screen_module
 from autocast_onnx.plan.screen import WeightScreen
 
 linux_only = pytest.mark.skipif(
@@ -51,16 +51,7 @@ def chain() -> onnx.ModelProto:
     )
 
 
-@pytest.fixture
-def worker_for_small_files(monkeypatch):
-    """The worker (forked for files of 16 MiB or more) for these small models, whatever this
-    process's size."""
-    monkeypatch.setattr(worker, "MIN_BYTES", 0)
-    monkeypatch.setattr(worker, "MAX_PARENT_BYTES", 2**40)
-    monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
-    monkeypatch.setattr(screen_module, "MAX_PARENT_BYTES", 2**40)
-    yield
-    worker.discard_early()
+worker_for_small_files = pytest.fixture(name="worker_for_small_files")(helpers.worker_for_small_files)
 
 
 def saved(tmp_path: Path, model: onnx.ModelProto) -> Path:

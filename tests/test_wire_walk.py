@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import helpers
 import numpy as np
 import onnx
 import pytest
@@ -30,11 +31,10 @@ from onnx import TensorProto, helper, numpy_helper
 from wire_reencode import Variations, reencode
 from wire_reencode import varint as encode_varint
 
-from autocast_onnx import screen_work, wire, worker
+from autocast_onnx import screen_work, wire
 from autocast_onnx.cli.main import main as cli_main
 from autocast_onnx.errors import AutocastError
 from autocast_onnx.io import load_model
-from autocast_onnx.plan import screen as screen_module
 from autocast_onnx.plan.screen import WeightScreen
 
 linux_only = pytest.mark.skipif(
@@ -124,16 +124,7 @@ def test_a_long_initializer_key_in_process(tmp_path):
     assert loaded.model == truth
 
 
-@pytest.fixture
-def worker_for_small_files(monkeypatch):
-    """The worker (forked for files of 16 MiB or more: worker.MIN_BYTES) for this small model,
-    whatever this process's size."""
-    monkeypatch.setattr(worker, "MIN_BYTES", 0)
-    monkeypatch.setattr(worker, "MAX_PARENT_BYTES", 2**40)
-    monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
-    monkeypatch.setattr(screen_module, "MAX_PARENT_BYTES", 2**40)
-    yield
-    worker.discard_early()
+worker_for_small_files = pytest.fixture(name="worker_for_small_files")(helpers.worker_for_small_files)
 
 
 @linux_only
