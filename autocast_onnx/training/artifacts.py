@@ -184,19 +184,29 @@ def _walk(folder: Path, known=None) -> tuple[list[str], list[str]]:
     without it); a folder it does not accept is not walked into."""
     accepted: list[str] = []
     refused: list[str] = []
+
+    def visit(rel: str) -> bool:
+        kind = _kind(folder / rel)
+        if known is not None and not known(rel, kind):
+            refused.append(rel)
+            return False
+        accepted.append(rel)
+        return kind == "dir"
+
+    _tree(folder, visit)
+    return sorted(accepted), sorted(refused)
+
+
+def _tree(folder: Path, visit) -> None:
+    """Call `visit(rel)` for every path inside `folder` ('/'-separated, each folder's names in
+    order); it walks into `rel` when `visit` returns True (the callers never say so for a link)."""
     pending = [""]
     while pending:
         at = pending.pop()
         for name in _listing(folder / at):
             rel = f"{at}/{name}" if at else name
-            kind = _kind(folder / rel)
-            if known is not None and not known(rel, kind):
-                refused.append(rel)
-                continue
-            accepted.append(rel)
-            if kind == "dir":
+            if visit(rel):
                 pending.append(rel)
-    return sorted(accepted), sorted(refused)
 
 
 def _kind(path: Path) -> str | None:
@@ -402,15 +412,12 @@ def scan_folder(in_dir: Path) -> list[FolderEntry]:
     are not walked into."""
     root = in_dir.resolve()
     entries: list[FolderEntry] = []
-    pending = [""]
-    while pending:
-        folder = pending.pop()
-        for name in _listing(in_dir / folder):
-            rel = f"{folder}/{name}" if folder else name
-            entry = _classify(in_dir, root, rel)
-            entries.append(entry)
-            if entry.kind == "dir":
-                pending.append(rel)
+
+    def visit(rel: str) -> bool:
+        entries.append(_classify(in_dir, root, rel))
+        return entries[-1].kind == "dir"
+
+    _tree(in_dir, visit)
     return entries
 
 
