@@ -7,7 +7,8 @@ result.plan    # the PrecisionPlan: every node's precision and the reasons for i
 report = autocast_onnx.validate("model.onnx", result.model)      # ValidationReport
 autocast_onnx.explain("model.onnx", op="Softmax")                 # [NodePlan, ...]
 autocast_onnx.lint("model.fp16.onnx")                             # LintReport
-autocast_onnx.diagnose("model.onnx", "model.fp16.onnx")           # error attribution
+autocast_onnx.diagnose("model.onnx", "model.fp16.onnx")           # DiagnoseReport: error attribution
+autocast_onnx.check("model.onnx", precision="bf16", rtol=0.05)    # CheckResult: the CI gate
 
 The functions take the CLI's options as keywords (docs/api.md).
 """
@@ -18,14 +19,15 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from . import lint, validate  # callable: autocast_onnx.validate(...) and autocast_onnx.lint(...)
-    from .api import convert, explain
+    from .api import check, convert, explain
     from .errors import AutocastError
-    from .gate import CheckResult, check
+    from .gate import CheckResult
     from .lint.api import LintReport
     from .options import PlanOptions
     from .pipeline import ConversionResult, convert_file
     from .plan import NodePlan, PrecisionPlan
     from .validate.api import OutputComparison, ValidationReport
+    from .validate.diagnose import DiagnoseReport
     from .validate.diagnose import diagnose_files as diagnose
     from .validate.on_data import DataPlanning, plan_on_data
 
@@ -41,7 +43,7 @@ _WHERE = {
     "explain": (".api", "explain"),
     "AutocastError": (".errors", "AutocastError"),
     "CheckResult": (".gate", "CheckResult"),
-    "check": (".gate", "check"),
+    "check": (".api", "check"),
     "PlanOptions": (".options", "PlanOptions"),
     "ConversionResult": (".pipeline", "ConversionResult"),
     "DataPlanning": (".validate.on_data", "DataPlanning"),
@@ -50,6 +52,7 @@ _WHERE = {
     "NodePlan": (".plan", "NodePlan"),
     "PrecisionPlan": (".plan", "PrecisionPlan"),
     "diagnose": (".validate.diagnose", "diagnose_files"),
+    "DiagnoseReport": (".validate.diagnose", "DiagnoseReport"),
 }
 
 
@@ -74,6 +77,7 @@ __all__ = [
     "CheckResult",
     "ConversionResult",
     "DataPlanning",
+    "DiagnoseReport",
     "LintReport",
     "NodePlan",
     "OutputComparison",

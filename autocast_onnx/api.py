@@ -7,6 +7,11 @@ typed results with a readable repr.
     report.passed, report.outputs[0].relative_error
     autocast_onnx.explain("model.onnx", op="Softmax")   # [NodePlan, ...]
     autocast_onnx.lint("model.fp16.onnx").findings
+    autocast_onnx.check("model.onnx", precision="bf16", rtol=0.05, speed=False)   # CheckResult
+
+Each call takes the keywords of its command's options, and builds its options objects through
+the builders the command line uses (options.py): tests/test_api_options.py holds the two to the
+same set of options.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from .errors import AutocastError
 from .lint.api import LintReport, lint
 from .validate.api import OutputComparison, ValidationReport, validate
 
-__all__ = ["LintReport", "OutputComparison", "ValidationReport", "convert", "explain", "lint", "validate"]
+__all__ = ["LintReport", "OutputComparison", "ValidationReport", "check", "convert", "explain", "lint", "validate"]
 
 # ---- convert ----------------------------------------------------------------------------------
 
@@ -41,47 +46,47 @@ def convert(
 ):
     """Convert a model (path or ModelProto) to mixed precision, as `autocast-onnx convert`.
 
-    The planning keywords are those of pipeline.convert (precision, rules, keep_io_types,
-    exclude_ops, exclude_nodes, include_nodes, check, plan, loss_scale, strict, ...). With
+    The other keywords are those of pipeline.convert: the planning options (PlanOptions' fields:
+    precision, rules, keep_io_types, exclude_ops, exclude_nodes, include_nodes,
+    low_precision_io, strict; or one PlanOptions as options=), check, plan, loss_scale, ... With
     `calibration_data` (an .npz file or folder) the fp32 model runs on it first and nodes whose
     tensors leave the target range stay fp32; with `target` (e.g. "rtol=0.05" or
     ["cosine=0.9999", "top1=0.99"]) the accuracy search keeps the fewest nodes fp32 that meet it
     on `inputs`, or on `batches` generated from `dims`, `ranges` and `seed`. Returns a
     ConversionResult (its plan's `search` holds the search's log when there was one)."""
     from .pipeline import convert as _convert
+    from .plan.options import plan_options_in
     from .validate.core import ValidateOptions
 
+    planning, rest = plan_options_in(options, "convert")
     if calibration_data is None and target is None:
         given = [name for name, value in (("inputs", inputs), ("dims", dims), ("ranges", ranges)) if value]
         if given:
             raise AutocastError(f"{given[0]}= has no effect without target=", None, "add target= or drop it")
-        return _convert(model, **options)
+        return _convert(model, options=planning, **rest)
     validation = ValidateOptions(
         inputs=inputs, dims=dict(dims or {}), ranges=dict(ranges or {}), batches=batches, seed=seed, device=device
     )
     targets = [target] if isinstance(target, str) else list(target or ())
-    measured = _measured(model, options, calibration_data, targets, validation)
-    result = _convert(model, calibration=measured.calibration, force_fp32=measured.force_fp32, **options)
+    measured = _measured(model, planning, calibration_data, targets, validation)
+    result = _convert(model, calibration=measured.calibration, force_fp32=measured.force_fp32, options=planning, **rest)
     if measured.search_log is not None:
         result.plan.search = measured.search_log
     return result
 
 
-def _measured(model, options: dict, calibration_data, targets: list, validation):
+def _measured(model, planning, calibration_data, targets: list, validation):
     """What running the fp32 model on data decides (validate/on_data.py): measured ranges with
-    `calibration_data`, nodes kept fp32 by the accuracy search with `targets`."""
-    from .options import PlanOptions
+    `calibration_data`, nodes kept fp32 by the accuracy search with `targets`. `planning` is the
+    call's PlanOptions."""
     from .validate.on_data import plan_on_data
 
-    planning = {k: options[k] for k in ("precision", "rules", "keep_io_types", "exclude_ops", "exclude_nodes",
-                                        "include_nodes", "low_precision_io", "strict") if k in options}  # fmt: skip
-    plan = PlanOptions(**planning)
     with tempfile.TemporaryDirectory() as tmp:
         path = model
         if isinstance(model, onnx.ModelProto):
             path = Path(tmp) / "model.onnx"
             onnx.save(model, path)
-        return plan_on_data(path, plan, calibration_data=calibration_data, targets=targets, validation=validation)
+        return plan_on_data(path, planning, calibration_data=calibration_data, targets=targets, validation=validation)
 
 
 # ---- explain ----------------------------------------------------------------------------------
@@ -108,13 +113,115 @@ def explain(model, node: str | None = None, *, op: str | None = None, calibratio
 
 def _explained_plan(model, calibration_data, options: dict):
     """The plan explain reads: planned without converting (pipeline.plan_model); a keyword only
-    the whole conversion takes (a plan to replay, the accuracy search's) keeps the conversion."""
+    the whole conversion takes (a plan to replay, the check level) keeps the conversion."""
     from .pipeline import plan_model
+    from .plan.options import plan_options_in
     from .validate.core import ValidateOptions
 
-    if not set(options) <= set(plan_model.__kwdefaults__ or ()):
-        return convert(model, check="none", calibration_data=calibration_data, **options).plan
+    planning, rest = plan_options_in(options, "explain")
+    if not set(rest) <= set(plan_model.__kwdefaults__ or ()):
+        return convert(model, check="none", calibration_data=calibration_data, options=planning, **rest).plan
     if calibration_data is None:
-        return plan_model(model, **options).plan
-    measured = _measured(model, options, calibration_data, [], ValidateOptions())
-    return plan_model(model, calibration=measured.calibration, force_fp32=measured.force_fp32, **options).plan
+        return plan_model(model, options=planning, **rest).plan
+    measured = _measured(model, planning, calibration_data, [], ValidateOptions())
+    return plan_model(
+        model, calibration=measured.calibration, force_fp32=measured.force_fp32, options=planning, **rest
+    ).plan
+
+
+# ---- check ------------------------------------------------------------------------------------
+
+
+def check(
+    model,
+    *,
+    output=None,
+    select=(),
+    ignore=(),
+    fail_on: str | None = None,
+    baseline=None,
+    skip_validate: bool = False,
+    inputs=None,
+    dims: Mapping[str, int] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    batches: int = 1,
+    seed: int = 0,
+    device: str = "auto",
+    numerics: str = "auto",
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_cosine: float | None = None,
+    min_top1: float | None = None,
+    class_outputs=(),
+    generate: int = 16,
+    speed: bool = True,
+    iterations: int = 20,
+    warmup: int = 3,
+    strict: bool = False,
+    **planning,
+):
+    """The CI gate on `model` (a path), as `autocast-onnx check`: lint it, convert it, lint the
+    result, validate it; returns a CheckResult (`passed`, `report` as --report-json writes it,
+    `diagnostics`, `text()`). The keywords are the command's options: the planning options as
+    convert's (precision, rules, exclude_ops, ...), the lint options (select, ignore, fail_on),
+    the validation options as validate's, `skip_validate` (--no-validate), `output` (keep the
+    converted model there) and `baseline`, the path of an earlier report (--report-json): then
+    only new findings and regressions fail. They go through the command line's builders, so a
+    bad value is the AutocastError the command line gives."""
+    from .gate import check as run_gate
+    from .gate import load_baseline
+    from .options import lint_options, plan_options, validate_options
+    from .plan.options import PLANNING
+    from .validate.core import precheck
+
+    unknown = sorted(set(planning) - set(PLANNING))
+    if unknown:
+        raise TypeError(f"check() got an unexpected keyword argument {unknown[0]!r}")
+    validation = {
+        "inputs": inputs, "dims": dims, "ranges": ranges, "batches": batches, "seed": seed, "device": device,
+        "numerics": numerics, "atol": atol, "rtol": rtol, "min_cosine": min_cosine, "min_top1": min_top1,
+        "class_outputs": class_outputs, "generate": generate, "speed": speed, "iterations": iterations,
+        "warmup": warmup,
+    }  # fmt: skip
+    _refuse_without_effect(validation, skip_validate)
+    plan = plan_options(strict=strict, **planning)
+    lint = lint_options(select=select, ignore=ignore, fail_on=fail_on, plan=plan)
+    given = {k: v for k, v in validation.items() if v is not None}
+    vopts = validate_options(None, strict=strict, **given)
+    prior = load_baseline(baseline) if baseline is not None else None
+    if not skip_validate:
+        precheck(model, vopts)
+    return run_gate(
+        model, output=output, plan_options=plan, lint_options=lint, validation=vopts, skip_validate=skip_validate,
+        baseline=prior,
+    )  # fmt: skip
+
+
+def _refuse_without_effect(validation: dict, skip_validate: bool) -> None:
+    """Nothing silent, as on the command line: with skip_validate=True every validation keyword
+    would do nothing, and with inputs= so would those that shape generated inputs."""
+    import inspect
+
+    defaults = {name: p.default for name, p in inspect.signature(check).parameters.items()}
+    given = [name for name, value in validation.items() if not _same(value, defaults[name])]
+    if skip_validate and given:
+        raise AutocastError(
+            f"{'=, '.join(given)}= {'has' if len(given) == 1 else 'have'} no effect with skip_validate=True",
+            None,
+            "drop them or run the validation",
+        )
+    generating = [name for name in ("dims", "ranges", "batches", "seed") if name in given]
+    if validation["inputs"] is not None and generating:
+        raise AutocastError(
+            f"{'=, '.join(generating)}= {'has' if len(generating) == 1 else 'have'} no effect with inputs= "
+            "(the arrays' own shapes and values are used)",
+            None,
+            "drop them, or drop inputs= to generate inputs",
+        )
+
+
+def _same(value, default) -> bool:
+    """Whether a keyword was left as its default (an empty mapping or list counts as not given)."""
+    if value is None or (isinstance(value, (Mapping, tuple, list)) and not value):
+        return default is None or (isinstance(default, tuple) and not default)
+    return value is default or (type(value) is type(default) and value == default)

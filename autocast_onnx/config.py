@@ -6,9 +6,9 @@ override the file.
 
 Keys (hyphens or underscores): atol, rtol, min-cosine, min-top1 (validate thresholds);
 select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
-configuration file), precision, keep-io-types, exclude-op, exclude-node, include-node (what
-decides the plan). Every command reads the same file, so convert, explain, lint and check plan
-every node alike."""
+configuration file), precision, keep-io-types, exclude-op, exclude-node, include-node,
+low-precision-io (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
+command reads the same file, so convert, explain, lint and check plan every node alike."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from .catalog.loader import read_toml
 from .diagnostics import SEVERITIES
 from .errors import AutocastError
 from .patterns import shown
+from .plan.options import planning_fields
 
 VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
-PLAN_KEYS = ("rules", "precision", "keep_io_types", "exclude_op", "exclude_node", "include_node", "low_precision_io")
+# the planning options that have a key, as PlanOptions declares them (plan/options.py)
+PLAN_KEYS = tuple(f.metadata["key"] for f in planning_fields() if f.metadata["key"] is not None)
 ALL_KEYS = VALIDATE_KEYS + LINT_KEYS + PLAN_KEYS
 
 

@@ -20,12 +20,35 @@ CHECK_SCHEMA_VERSION = 1
 
 @dataclass
 class CheckResult:
+    """What the gate decided: `passed`, the check report (`report`, as `--report-json` writes it)
+    and the converted model's findings (`diagnostics`, as `--sarif` writes them)."""
+
     report: dict  # the check report (docs/check-report.schema.json)
     diagnostics: list  # the converted model's findings, for SARIF
 
     @property
     def passed(self) -> bool:
         return bool(self.report["gate"]["passed"])
+
+    def text(self) -> str:
+        """The summary as `autocast-onnx check` prints it."""
+        from .report.checkgate import check_summary
+
+        return check_summary(self.report)
+
+    def __repr__(self) -> str:
+        report, gate = self.report, self.report["gate"]
+        after = report["lint_converted"]["summary"]
+        validation = report.get("validation")
+        validated = "skipped" if validation is None else ("pass" if validation["passed"] else "FAIL")
+        against = " against the baseline" if gate["baseline"] else ""
+        return (
+            f"CheckResult({'PASS' if self.passed else 'FAIL'}{against}: {report['model']} to "
+            f"{report['conversion']['precision']}; converted model's lint {after['error']} error, "
+            f"{after['warning']} warning, {after['info']} info; validation {validated}; "
+            f"{len(gate['new_findings'])} {'new ' if gate['baseline'] else ''}finding(s) and "
+            f"{len(gate['regressions'])} regression(s) that fail at fail_on={report['fail_on']})"
+        )
 
 
 def load_baseline(path: str | os.PathLike) -> dict:
@@ -111,7 +134,7 @@ def check(
     # make its suppression "unused"
     lint_options = replace(
         lint_options,
-        precision=plan_options.precision.value,
+        precision=plan_options.target.value,
         report_unused_config=False,
         plan=plan_options,
         rules=list(plan_options.rules),
@@ -135,11 +158,11 @@ def check(
                 "CONVERTED` where onnxruntime-training is installed",
             )
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.precision}.onnx"
+        out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.target.value}.onnx"
         existed = output is not None and Path(output).exists()
         try:
             before = run_lint(model, lint_options)
-            converted = convert_file(model, out, **plan_options.convert_kwargs())
+            converted = convert_file(model, out, options=plan_options)
             after = run_lint(out, lint_options)
             if output is None:
                 # the converted file is temporary: findings point at the model that was checked
@@ -162,7 +185,7 @@ def check(
         "fail_on": lint_options.fail_on,
         "lint_original": lint_dict([before]),
         "conversion": {
-            "precision": plan_options.precision.value,
+            "precision": plan_options.target.value,
             "counts": converted.plan.counts(),
             "casts_added": converted.stats.casts_added,
             "warnings": [w.message for w in converted.plan.warnings],

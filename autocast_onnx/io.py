@@ -14,7 +14,6 @@ that are one file, an output that is an input, a missing folder, a directory...)
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import mmap
@@ -30,17 +29,16 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from . import wire
 from .dtypes import ITEMSIZE
 from .errors import AutocastError, InternalCheckError
-from .worker import stat_identity, write_all
+from .filesys import write_all
 
 PROTOBUF_LIMIT = 2**31 - 1
 # Initializers at least this large go to the external data file when one is written.
@@ -54,39 +52,56 @@ class LoadedModel:
     file_bytes: int
     external_data: bool = False
     external_files: list[str] = field(default_factory=list)
-    left_in_file: PayloadsInFile | None = None  # see load_model(leave_in_file=True)
+    left_in_file: LeftInFile | None = None  # see load_model(parse=...)
     external_checked: bool = False  # the main graph's external-data locations were checked (load_model)
 
 
-LEFT_IN_FILE_MIN_BYTES = wire.LEFT_IN_FILE_MIN_BYTES  # fp32 payloads this large may be left in the file
+class LeftInFile(Protocol):
+    """What a parse that leaves payloads in the file (load_model's `parse`, the fast path's
+    fast/in_file.py) hands back: the ordinals of the main graph's initializers it left there,
+    checked against protobuf's parse, and how to read them back into their tensors."""
+
+    ordinals: frozenset
+
+    def __len__(self) -> int: ...
+
+    def sizes(self) -> dict[int, int]: ...
+
+    def inline(self) -> int: ...
 
 
-def load_model(
-    path: str | os.PathLike,
-    load_external: bool = True,
-    leave_in_file: bool = False,
-    prepared: Callable[[], tuple[bytes, list, tuple] | None] | None = None,
-) -> LoadedModel:
+# load_model's `parse`: (the mapped file, its path, the model to parse into, its os.stat) -> the
+# payloads it left in the file, or None when it parsed nothing (the file is then parsed whole)
+LeavingParse = Callable[[memoryview, Path, onnx.ModelProto, os.stat_result], "LeftInFile | None"]
+
+
+@runtime_checkable
+class PiecesLike(Protocol):
+    """A model's encoding as the buffers it is made of (the fast path's splice hands the save its
+    Pieces, fast/splice.py): written with write_to, joined by bytes() where whole bytes are needed."""
+
+    def __len__(self) -> int: ...
+
+    def __bytes__(self) -> bytes: ...
+
+    def write_to(self, fd: int) -> None: ...
+
+
+def load_model(path: str | os.PathLike, load_external: bool = True, parse: LeavingParse | None = None) -> LoadedModel:
     """Read an ONNX file; raise AutocastError with one clear line for anything unusable.
 
     External data locations are always checked (inside the model's folder, file present, range
     within the file). With load_external=False the bytes stay on disk and are read one tensor at
     a time when needed (see tensor_bytes), so a model larger than memory can be converted.
 
-    leave_in_file=True leaves the main graph's large fp32 raw payloads in the file: each such
-    initializer is parsed as external data that points at its own payload in this file (which is
-    what it is), so the parse copies none of them, and a payload the rewrite replaces with fp16
-    never sits in memory at all. `left_in_file.inline(model)` reads back the ones still there
-    before the model is written. Where the file's encoding is one the walk does not follow
-    (wire.py), the file is parsed whole, as without the option. `prepared` (with leave_in_file:
-    plan.screen.WeightScreen.encoding, the worker's walk of this file) gives that encoding, its
-    payloads' places and the file's identity as the worker found it; from a None, or a file
-    that is not the one the worker walked, the loader walks the file itself."""
+    `parse` (with load_external=False; the fast path's fast/in_file.py) parses the mapped file in a
+    way of its own, leaving some payloads in the file, and returns what it left there (LeftInFile)
+    or None, having parsed nothing: the file is then parsed whole, as without it."""
     path = check_model_path(path)
     where = str(path)
     model = onnx.ModelProto()
     try:
-        size, left = _parse_file(path, model, leave_in_file and not load_external, prepared)
+        size, left = _parse_file(path, model, None if load_external else parse)
     except OSError as exc:
         raise AutocastError(f"cannot read file: {exc.strerror}", where, "check its permissions") from None
     except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
@@ -145,11 +160,9 @@ def check_model_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def _parse_file(
-    path: Path, model: onnx.ModelProto, leave_in_file: bool = False, prepared=None
-) -> tuple[int, PayloadsInFile | None]:
+def _parse_file(path: Path, model: onnx.ModelProto, parse: LeavingParse | None = None) -> tuple[int, LeftInFile | None]:
     """Parse the file at `path` into `model`; returns its size in bytes (0: nothing parsed) and
-    the payloads left in it (leave_in_file; see load_model). The file is mapped rather than read:
+    the payloads left in it (`parse`; see load_model). The file is mapped rather than read:
     the parser copies what it keeps, so the file's bytes need not be copied into memory first
     (0.1 s and the file's size of memory for 190 MB). A file that cannot be mapped (empty, a
     pipe) is read."""
@@ -163,231 +176,10 @@ def _parse_file(
             return len(data), None
         with mapped, memoryview(mapped) as view:
             st = os.fstat(fh.fileno())
-            left = _parse_leaving_payloads(view, path, model, st, prepared) if leave_in_file else None
+            left = parse(view, path, model, st) if parse is not None else None
             if left is None:
                 model.ParseFromString(view)
             return len(view), left if left else None  # parsed, with nothing left in the file
-
-
-def _parse_leaving_payloads(
-    view: memoryview, path: Path, model: onnx.ModelProto, st, prepared=None
-) -> PayloadsInFile | None:
-    """Parse `view` (the mapped file at `path`) into `model` with the main graph's large plain
-    fp32 payloads left in the file, as external data at their own offsets (possibly none: each
-    payload that does not fit its tensor's dims is put back); None, with nothing parsed, when the
-    file has no such payload, an encoding the walk does not follow, or a walk the parse does not
-    bear out (_left_in_file): the caller then parses the file whole. `prepared()` gives the
-    encoding and the payloads' places from the worker's walk of the same file (worker.py)."""
-    # read first, whatever follows: the worker waits for it to be read before it goes on
-    ready = prepared() if prepared is not None else None
-    base = path.parent.resolve()
-    if not (base / path.name).resolve().is_relative_to(base):
-        return None  # a link to a file elsewhere: its data would be refused as outside the folder
-    if ready is not None and ready[2] == stat_identity(st):
-        encoding, rows, _ = ready
-        del ready
-        try:
-            model.ParseFromString(encoding)
-        except (DecodeError, RuntimeError, ValueError):
-            model.Clear()  # not an encoding of this file after all
-            return None
-        return _left_in_file(view, path, model, st, rows)
-    try:
-        graph = wire.main_graph(view)
-        chosen = [init for init in wire.initializers(view, graph) if wire.may_leave_in_file(init)]
-    except (wire.Unwalked, IndexError):
-        return None
-    if not chosen:
-        return None
-    parts = wire.leaving_payloads(view, graph, chosen, path.name)
-    try:
-        model.ParseFromString(b"".join(parts))
-    except (DecodeError, RuntimeError, ValueError):
-        model.Clear()  # the file itself may parse: the caller says what is wrong with it
-        return None
-    del parts
-    rows = [(init.ordinal, init.raw[1], init.raw[2], init.name) for init in chosen]
-    return _left_in_file(view, path, model, st, rows)
-
-
-def _left_in_file(view: memoryview, path: Path, model: onnx.ModelProto, st, rows) -> PayloadsInFile | None:
-    """The payloads left in the file at `path` (mapped as `view`): `rows` gives the ordinal of
-    each such initializer of the main graph, its payload's offset and length, and its name, as
-    the walk found them. A payload that does not fit its tensor's dims (or dims with a negative
-    one) is put back into the tensor, as it was, for the input checks to judge. Each row is
-    checked against the parse first (_walked_as, and the payload inside the file): where the
-    tensor at that ordinal is not the one the walk wrote that payload's place into, `model` is
-    cleared and None returned, and the caller parses the file whole. A walk that numbered the
-    initializers otherwise than protobuf would otherwise read each tensor's weight from another
-    tensor's bytes, silently. What stays left in the file is thereby checked as the input checks
-    would check it (graph/sanity.py takes PayloadsInFile.ordinals as checked)."""
-    inits = model.graph.initializer
-    count = len(inits)
-    location = path.name
-    size = len(view)
-    left = []
-    for ordinal, raw_start, length, name in rows:
-        tensor = inits[ordinal] if 0 <= ordinal < count else None
-        dims = _walked_as(tensor, name, location, raw_start, length) if tensor is not None else None
-        if tensor is None or dims is None or raw_start < 0 or raw_start + length > size:
-            model.Clear()
-            return None
-        if 4 * math.prod(dims) != length or (dims and min(dims) < 0):  # not a payload of its dims: stays as it was
-            _restore(tensor, bytes(view[raw_start : raw_start + length]))
-            continue
-        left.append((ordinal, tensor, raw_start, length))
-    return PayloadsInFile(path, left, stat_identity(st))
-
-
-def _walked_as(tensor: onnx.TensorProto, name: bytes, location: str, offset: int, length: int) -> list | None:
-    """The dims of `tensor` if it is, as protobuf parsed the walk's encoding, the initializer the
-    walk left in the file at `offset`, `length` (wire.leaving_payloads): named `name`, fp32, no
-    payload of its own (no raw_data, typed data or segment), and exactly the external data the
-    walk wrote into it (this file, that offset and length), which no other tensor has; None
-    where it is not.
-
-    Compared as protobuf writes the tensor (one call) with the bytes of such a tensor: its dims,
-    data_type, name, the walk's three entries and data_location, nothing else. A tensor with more
-    (a doc_string, metadata, unknown fields) is judged field by field (_walked_fields)."""
-    written = tensor.SerializeToString()
-    tail = _walked_tail(name, location, offset, length)
-    if written.endswith(tail) and _DIMS_ONLY.fullmatch(written, 0, len(written) - len(tail)):
-        return tensor.dims[:] if len(written) > len(tail) else []
-    return _walked_fields(tensor, name, location, offset, length)
-
-
-# dims as protobuf writes them: field 1, one varint each (the key, then 0-9 bytes of 0x80 and up,
-# then one below: the split into fields is unique, so nothing backtracks)
-_DIMS_ONLY = re.compile(rb"(?:\x08[\x80-\xff]{0,9}[\x00-\x7f])*")
-
-
-def _walked_tail(name: bytes, location: str, offset: int, length: int) -> bytes:
-    """What protobuf writes after the dims of an fp32 tensor named `name` whose payload is in
-    `location` at `offset`, `length`, and that holds nothing else: data_type, name, the three
-    external_data entries (field 13: key 1, value 2) and data_location, in field order."""
-    named = b"\x42%b%b" % (wire.encode_varint(len(name)), name) if name else b""
-    at, size = b"%d" % offset, b"%d" % length  # each entry is under 128 bytes: its lengths are one byte
-    return b"\x10\x01%b%b\x6a%c\x0a\x06offset\x12%c%b\x6a%c\x0a\x06length\x12%c%b\x70\x01" % (
-        named,
-        _location_entry(location),
-        len(at) + 10,
-        len(at),
-        at,
-        len(size) + 10,
-        len(size),
-        size,
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def _location_entry(location: str) -> bytes:
-    """The external_data entry ("location", `location`) as protobuf writes it."""
-    key, value = b"location", location.encode("utf-8")
-    body = b"\x0a" + wire.encode_varint(len(key)) + key + b"\x12" + wire.encode_varint(len(value)) + value
-    return b"\x6a" + wire.encode_varint(len(body)) + body
-
-
-_EXTERNAL_KEYS = ("location", "offset", "length")  # as wire.leaving_payloads writes them
-# TensorProto fields that hold no payload nor say where one is: dims (1), name (8), doc_string (12),
-# metadata_props (16)
-_NOT_DATA = frozenset({1, 8, 12, 16})
-
-
-def _walked_fields(tensor: onnx.TensorProto, name: bytes, location: str, offset: int, length: int) -> list | None:
-    """_walked_as for a tensor that holds more than the walk left in it, field by field. Reads
-    the fields present (ListFields), never one that may be absent: a repeated field read from a
-    parsed message that lacks it is given to it, empty, which slows every later pass over the
-    model (see graph/sanity.py, _plainly_sound)."""
-    dims: list = []
-    tensor_name = dtype = place = entries = None
-    for descriptor, value in tensor.ListFields():
-        number = descriptor.number
-        if number == 13:
-            entries = value
-        elif number == 14:
-            place = value
-        elif number == 2:
-            dtype = value
-        elif number == 8:
-            tensor_name = value
-        elif number == 1:
-            dims = value[:]
-        elif number not in _NOT_DATA:
-            return None  # raw_data, typed data, segment
-    if place != onnx.TensorProto.EXTERNAL or dtype != onnx.TensorProto.FLOAT or entries is None or len(entries) != 3:
-        return None
-    first, second, third = entries
-    if (
-        first.value != location
-        or second.value != str(offset)
-        or third.value != str(length)
-        or (first.key, second.key, third.key) != _EXTERNAL_KEYS
-    ):
-        return None
-    try:
-        return dims if (tensor_name or "") == name.decode("utf-8") else None
-    except UnicodeDecodeError:
-        return None
-
-
-class PayloadsInFile:
-    """The fp32 payloads load_model left in the model's file (leave_in_file=True), and how to
-    read back those the conversion kept before the model is written."""
-
-    def __init__(self, path: Path, tensors: list, identity: tuple):
-        self.path = path
-        self._tensors = tensors  # (ordinal, TensorProto, offset, length)
-        self.ordinals = frozenset(t[0] for t in tensors)
-        self._identity = identity
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-    def places(self, identity: tuple) -> set[tuple[int, int, int]]:
-        """(ordinal, offset, length) of each payload still left in the file (its tensor still
-        external), each checked against protobuf's parse when it was loaded (_left_in_file);
-        none unless the file is the one whose identity (worker.stat_identity) is `identity`."""
-        if identity != self._identity:
-            return set()
-        external = onnx.TensorProto.EXTERNAL
-        return {(o, offset, length) for o, tensor, offset, length in self._tensors if tensor.data_location == external}
-
-    def sizes(self) -> dict[int, int]:
-        """id(TensorProto) -> payload bytes of each tensor still left in the file."""
-        return {id(t): length for _, t, _, length in self._tensors}
-
-    def inline(self) -> int:
-        """Read the payloads still left in the file into their tensors (raw_data, no longer
-        external), from the file as it was loaded; returns how many. Refuses a file that was
-        replaced or rewritten since it was loaded: what was read from it may not be the model."""
-        where = str(self.path)
-        try:
-            fh = open(self.path, "rb")
-        except OSError as exc:
-            raise AutocastError(
-                f"the input model can no longer be read: {exc.strerror}", where, "convert it again"
-            ) from None
-        with fh:
-            st = os.fstat(fh.fileno())
-            if stat_identity(st) != self._identity:
-                raise AutocastError(
-                    "the input model changed while it was being converted",
-                    where,
-                    "convert it again once nothing else writes to it",
-                )
-            count = 0
-            for _, tensor, offset, length in self._tensors:
-                if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                    continue  # the conversion replaced it
-                fh.seek(offset)
-                payload = fh.read(length)
-                if len(payload) != length:
-                    raise AutocastError("the input model was truncated while it was being converted", where,
-                                        "convert it again once nothing else writes to it")  # fmt: skip
-                _restore(tensor, payload)
-                count += 1
-        self._tensors = []
-        return count
 
 
 def _graph_tensors(graph: onnx.GraphProto):
@@ -482,7 +274,7 @@ def load_external_tensor(
     tensor: onnx.TensorProto, base_dir: Path, where: str, files: dict | None = None, what: str | None = None
 ) -> None:
     """Read one tensor's external bytes into raw_data, refusing locations outside `base_dir`."""
-    _restore(tensor, read_external(tensor, base_dir, where, files, what))
+    restore_tensor(tensor, read_external(tensor, base_dir, where, files, what))
 
 
 def load_external_data(loaded: LoadedModel) -> None:
@@ -965,45 +757,9 @@ class OutputSnapshot:
         return removed
 
 
-class Pieces:
-    """A model's encoding as the buffers it is made of, in order (splice.py hands the save one):
-    written with a writev per IOV_MAX buffers, so the file's bytes are never joined in memory
-    (for 100 MB of weights, 100 MB of fresh pages and a copy saved). `bytes(pieces)` joins them
-    where whole bytes are needed after all."""
-
-    def __init__(self, parts: list):
-        self._parts = parts
-        self._size = sum(len(p) for p in parts)  # bytes or one-dimensional byte views
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __bytes__(self) -> bytes:
-        return b"".join(self._parts)
-
-    def write_to(self, fd: int) -> None:
-        parts, batch = self._parts, _IOV_MAX
-        if not batch:  # no writev on this platform
-            for part in parts:
-                _write_all(fd, part)
-            return
-        for start in range(0, len(parts), batch):
-            group = parts[start : start + batch]
-            written = os.writev(fd, group)
-            if written < sum(len(p) for p in group):  # a short write: the rest one buffer at a time
-                for part in group:
-                    view = memoryview(part)
-                    skip = min(written, len(view))
-                    written -= skip
-                    _write_all(fd, view[skip:])
-
-
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "writev") else 0  # buffers per writev
-
-
 def _write_all(fd: int, data) -> None:
-    """`data` (bytes-like, or Pieces) written whole to the file descriptor `fd`."""
-    if isinstance(data, Pieces):
+    """`data` (bytes-like, or PiecesLike) written whole to the file descriptor `fd`."""
+    if isinstance(data, PiecesLike):
         data.write_to(fd)
         return
     write_all(fd, data)
@@ -1024,12 +780,12 @@ def save_model(
     *,
     external_data: bool | None = None,
     in_path: Path | None = None,
-    payload: bytes | Pieces | None = None,
+    payload: bytes | PiecesLike | None = None,
     source_dir: Path | None = None,
     restore: bool = True,
     spill: PayloadSpill | None = None,
     find_external: bool = True,
-    verify: Callable[[bytes | Pieces], None] | None = None,
+    verify: Callable[[bytes | PiecesLike], None] | None = None,
 ) -> list[Path]:
     """Write `model` atomically. With external data (forced, or needed above 2 GB) the large
     initializers go to `<name>.data` beside the model; with restore=False the model object keeps
@@ -1039,7 +795,7 @@ def save_model(
     is appended to it and it becomes `<name>.data`. `find_external=False` says that no tensor of
     the model is stored as external data (a save in one piece then skips looking for them: a walk
     over every node). `verify(payload)` (a model in one piece) is called on the serialized bytes
-    while a thread writes them to the temporary (or, for Pieces, written here first, while the
+    while a thread writes them to the temporary (or, for PiecesLike, written here first, while the
     thread syncs them to disk), which is renamed into place only after both: if it raises,
     nothing is written. An external-data save that puts no tensor in `<name>.data` (all under
     EXTERNAL_MIN_BYTES) writes the model in one piece; a save without a data file removes a
@@ -1103,7 +859,7 @@ def save_model(
             if tmp.exists():
                 tmp.unlink()
         for tensor, original in moved:
-            _restore(tensor, original)
+            restore_tensor(tensor, original)
 
 
 def _write_data_file(data_tmp: Path, model, data_name: str, spill, source_dir, in_path, moved, sources: set) -> int:
@@ -1135,7 +891,7 @@ def _read_external_in(model: onnx.ModelProto, source_dir, in_path, moved: list, 
     return found
 
 
-def _write_model_file(model_tmp: Path, payload: bytes | Pieces, verify) -> None:
+def _write_model_file(model_tmp: Path, payload: bytes | PiecesLike, verify) -> None:
     """Write and sync the model's bytes to its temporary; `verify(payload)` (None: no check) runs
     while they are written, and a failure of either leaves the temporary for the caller to remove."""
     with open(model_tmp, "wb") as fh:
@@ -1144,10 +900,10 @@ def _write_model_file(model_tmp: Path, payload: bytes | Pieces, verify) -> None:
             return
         # the write waits in the kernel, without the GIL, while the check parses these bytes or
         # their stand-in (renamed into place only after both); the fsync needs the GIL to start,
-        # which the checker holds, so it comes after the check. Pieces are written first, here: a
+        # which the checker holds, so it comes after the check. PiecesLike are written first, here: a
         # writev per IOV_MAX buffers, each needing the GIL to start, would wait for the whole check
         # in a thread; their fsync waits beside it.
-        if isinstance(payload, Pieces):
+        if isinstance(payload, PiecesLike):
             payload.write_to(fh.fileno())
             writing = _InBackground(os.fsync, fh.fileno())
         else:
@@ -1196,7 +952,7 @@ def _fill_data_file(fh, model, data_name: str, spill, source_dir, in_path, moved
             if moved is not None:
                 moved.append((tensor, onnx.TensorProto.FromString(tensor.SerializeToString())))
             if length < EXTERNAL_MIN_BYTES:
-                _restore(tensor, _read_range(source, src_offset, length))
+                restore_tensor(tensor, _read_range(source, src_offset, length))
                 continue
             offset = _pad_to_64(fh, offset)
             _copy_range(source, src_offset, length, fh)
@@ -1256,8 +1012,8 @@ def _remove_stale_data(path: Path, sources: set) -> None:
         pass  # the model is written; a data file that cannot be removed is left as it was
 
 
-def _write_and_sync(fh, payload: bytes | Pieces) -> None:
-    if isinstance(payload, Pieces):
+def _write_and_sync(fh, payload: bytes | PiecesLike) -> None:
+    if isinstance(payload, PiecesLike):
         fh.flush()
         payload.write_to(fh.fileno())
     else:
@@ -1323,6 +1079,8 @@ class PayloadSpill:
         self.offset += len(payload)
         self.tensors += 1
         return True
+
+    put_new = put  # a new tensor's external-data entries travel with it when protobuf copies it in
 
     def holds(self, tensor: onnx.TensorProto) -> bool:
         return is_external(tensor) and any(
@@ -1464,7 +1222,9 @@ def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: 
     tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
-def _restore(tensor: onnx.TensorProto, original) -> None:
+def restore_tensor(tensor: onnx.TensorProto, original) -> None:
+    """Give `tensor` back its own payload (`original`: raw bytes, or the whole tensor as it was),
+    no longer external."""
     del tensor.external_data[:]
     tensor.ClearField("data_location")
     if isinstance(original, bytes):

@@ -4,111 +4,26 @@ config.py) and the command-line flags or API arguments, which win. A list given 
 line replaces the configuration's list rather than extending it.
 
   PlanOptions        what decides the precision plan: precision, rule files, keep_io_types,
-                     node and op selections. convert, explain, lint (what the rules protect)
-                     and check all plan with the same object, so they agree on every node.
+                     node and op selections (plan/options.py: one declaration per option, with
+                     its flag and configuration key). convert, explain, lint (what the rules
+                     protect) and check all plan with the same object, so they agree on every node.
   ValidateOptions    inputs and thresholds of validation (validate/core.py defines it).
   LintOptions        which checks run and what fails (lint/engine.py defines it).
 
-The CLI only collects flags and calls these builders; the Python API takes the same objects.
+The CLI only collects flags and calls these builders; the Python API's keywords go through the
+same builders, and the objects travel whole to the stage that reads them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
 
 from .errors import AutocastError
 from .patterns import compile_patterns as compile_patterns  # the flags' regexes; re-exported
 from .patterns import shown
-from .plan.vocab import Precision
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """Everything that decides the plan, besides the model and measured data."""
-
-    precision: Precision = Precision.FP16
-    rules: tuple[str, ...] = ()  # extra rule files, applied in order over the default
-    keep_io_types: bool = True
-    exclude_ops: tuple[str, ...] = ()  # op types (or domain:op) kept fp32
-    exclude_nodes: tuple[str, ...] = ()  # node-name regexes kept fp32
-    include_nodes: tuple[str, ...] = ()  # node-name regexes forced low
-    low_precision_io: str | None = None  # regex: model inputs/outputs (whole names) given the low type
-    strict: bool = False  # a node rule, node pattern or --exclude-op that matches nothing is an error
-    source: str | None = field(default=None, compare=False)  # the configuration file, if any
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "precision", Precision.target(self.precision))
-        except ValueError:
-            raise AutocastError(f"unknown precision {self.precision!r}", "--precision", "use fp16 or bf16") from None
-        for name in ("rules", "exclude_ops", "exclude_nodes", "include_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, (str, Path)):
-                value = (value,)
-            object.__setattr__(self, name, tuple(str(v) for v in value))
-        compile_patterns(self.exclude_nodes, "--exclude-node")
-        compile_patterns(self.include_nodes, "--include-node")
-        if self.low_precision_io is not None:
-            compile_patterns([self.low_precision_io], "--low-precision-io")
-        from .catalog.loader import check_op_type
-
-        for op in self.exclude_ops:
-            check_op_type(op, "--exclude-op")
-
-    @property
-    def selects(self) -> bool:
-        """Whether any node or op selection is given."""
-        return bool(self.exclude_ops or self.exclude_nodes or self.include_nodes)
-
-    def convert_kwargs(self) -> dict:
-        """The keyword arguments of `autocast_onnx.convert` these options stand for."""
-        return {
-            "precision": self.precision,
-            "rules": list(self.rules),
-            "keep_io_types": self.keep_io_types,
-            "exclude_ops": list(self.exclude_ops),
-            "exclude_nodes": list(self.exclude_nodes),
-            "include_nodes": list(self.include_nodes),
-            "low_precision_io": self.low_precision_io,
-            "strict": self.strict,
-        }
-
-
-def plan_options(
-    settings: dict | None = None,
-    *,
-    precision=None,
-    rules=(),
-    keep_io_types=None,
-    exclude_ops=(),
-    exclude_nodes=(),
-    include_nodes=(),
-    low_precision_io=None,
-    strict=None,
-) -> PlanOptions:
-    """PlanOptions from configuration `settings` (see config.load_settings) and flags: a flag that
-    is given (not None, not empty) wins over the configuration."""
-    settings = settings or {}
-
-    def pick(flag, key, default):
-        if flag is not None and flag != () and flag != []:
-            return flag
-        return settings.get(key, default)
-
-    return PlanOptions(
-        precision=pick(precision, "precision", "fp16"),
-        rules=tuple(pick(tuple(rules), "rules", ())),
-        keep_io_types=pick(keep_io_types, "keep_io_types", True),
-        exclude_ops=tuple(pick(tuple(exclude_ops), "exclude_op", ())),
-        exclude_nodes=tuple(pick(tuple(exclude_nodes), "exclude_node", ())),
-        include_nodes=tuple(pick(tuple(include_nodes), "include_node", ())),
-        low_precision_io=pick(low_precision_io, "low_precision_io", None),
-        strict=bool(pick(strict, "strict", False)),
-        source=settings.get("_source"),
-    )
-
+from .plan.options import PlanOptions as PlanOptions  # declared beside the plan; re-exported
+from .plan.options import plan_options as plan_options
 
 # Allowed values of each threshold (command line, configuration file and --target).
 THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0), "min_top1": (0.0, 1.0)}
@@ -155,20 +70,63 @@ def validate_options(settings: dict | None = None, **flags):
         )
     return ValidateOptions(
         inputs=flags.get("inputs"),
-        dims=parse_assignments(flags.get("dims", ()), "dim"),
-        ranges=parse_ranges(flags.get("ranges", ())),
-        batches=flags.get("batches", 1),
+        dims=parse_assignments(_assignments(flags.get("dims", ())), "dim"),
+        ranges=parse_ranges(_assignments(flags.get("ranges", ()))),
         seed=seed,
-        device=flags.get("device", "auto"),
-        numerics=flags.get("numerics", "auto"),
         thresholds=thresholds,
         speed=flags.get("speed", True),
-        iterations=flags.get("iterations", 20),
-        warmup=flags.get("warmup", 3),
         class_outputs=list(flags.get("class_outputs", ())),
-        generate=flags.get("generate", 16),
         strict=bool(flags.get("strict") or settings.get("strict", False)),
+        batches=_count("batches", flags),
+        iterations=_count("iterations", flags),
+        warmup=_count("warmup", flags),
+        generate=_count("generate", flags),
+        device=_choice("device", flags),
+        numerics=_choice("numerics", flags),
     )
+
+
+# The validation options' whole numbers (default, lowest, highest) and choices (the first is the
+# default): the command line's click types hold its flags to the same.
+COUNTS = {
+    "batches": (1, 1, 10_000),
+    "iterations": (20, 1, 1_000_000),
+    "warmup": (3, 0, 100_000),
+    "generate": (16, 0, 1024),
+}
+CHOICES = {"device": ("auto", "cpu", "cuda"), "numerics": ("auto", "emulate", "plain")}
+
+
+def _count(key: str, flags: dict) -> int:
+    """A validation count (COUNTS) from the flags, or AutocastError naming its flag."""
+    default, low, high = COUNTS[key]
+    value = flags.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        flag = "--" + key
+        raise AutocastError(f"{flag} must be a whole number from {low} to {high}, not {shown(value)}", flag, "fix it")
+    return value
+
+
+def _choice(key: str, flags: dict) -> str:
+    """A validation choice (CHOICES) from the flags, or AutocastError naming its flag."""
+    allowed = CHOICES[key]
+    value = flags.get(key, allowed[0])
+    if value not in allowed:
+        flag = "--" + key
+        raise AutocastError(f"{flag} must be one of {', '.join(allowed)}, not {shown(value)}", flag, "fix it")
+    return value
+
+
+def _assignments(given) -> list:
+    """--dim / --input-range values as the command line gives them (NAME=VALUE, NAME=LO:HI): a
+    mapping (the Python API's form, e.g. {"batch": 4} or {"x": (0, 1)}) is written out in the
+    flag's form first, so both forms are read and checked by the same parser."""
+    if not isinstance(given, Mapping):
+        return list(given)
+    return [
+        f"{name}={':'.join(map(str, value)) if isinstance(value, (tuple, list)) else value}"
+        for name, value in given.items()
+    ]
 
 
 def parse_targets(targets):
@@ -196,10 +154,15 @@ def lint_options(
     """LintOptions from configuration `settings`, the lint flags and the plan options (the rules
     and selections that decide which findings the default conversion protects). With
     `precision_given` false an fp32 model is linted against the plan's precision only as a default."""
+    from .diagnostics import SEVERITIES
     from .lint.engine import LintOptions, Suppression
 
     settings = settings or {}
     plan = plan or plan_options(settings)
+    if fail_on is not None and fail_on not in SEVERITIES:
+        raise AutocastError(
+            f"--fail-on must be one of {', '.join(SEVERITIES)}, not {shown(fail_on)}", "--fail-on", "fix it"
+        )
     suppress = [
         Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
         for e in settings.get("suppress", [])
@@ -208,7 +171,7 @@ def lint_options(
         select=list(select) or settings.get("select", ["AC"]),
         ignore=list(ignore) or settings.get("ignore", []),
         fail_on=fail_on or settings.get("fail_on", "error"),
-        precision=plan.precision.value if precision_given else None,
+        precision=plan.target.value if precision_given else None,
         suppress=suppress,
         rules=list(plan.rules),
         plan=plan,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -16,17 +17,20 @@ from pathlib import Path
 import onnx
 
 from .catalog import RuleSet, load_rules
-from .catalog.loader import check_op_type
 from .dtypes import FLOAT, dtype_name
 from .errors import AutocastError, InternalCheckError
+from .fast import in_file
+from .fast.screen import WeightScreen
+from .fast.splice import HeldPayloads, check_with_stand_in
 from .graph import build_index
 from .graph.sanity import blame_input, check_input, load_checked
+from .graph.shapes import MAC_OPS, macs_of, tensor_shapes
 from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
+    LeftInFile,
     LoadedModel,
-    PayloadsInFile,
     PayloadSpill,
-    Pieces,
+    PiecesLike,
     check_model_path,
     check_output_path,
     check_outputs,
@@ -40,9 +44,9 @@ from .patterns import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
 from .plan.classify import UNMATCHED
 from .plan.model import PlanWarning
-from .plan.screen import WeightScreen
-from .report.cost import MAC_OPS, macs_of, tensor_shapes
+from .plan.options import PLANNING, PlanOptions, plan_options_in, planning_fields
 from .rewrite import ApplyStats, apply_plan, check_result
+from .rewrite.apply import PayloadSink
 from .rewrite.checks import CHECK_LIMIT, check_file
 from .rewrite.loss_scale import (
     LossScale,
@@ -52,7 +56,6 @@ from .rewrite.loss_scale import (
     seed_loss_scale,
     unscale_gradients,
 )
-from .splice import HeldPayloads
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,11 @@ CHECKS = ("full", "basic", "none")
 MIN_OPSET = {"fp16": 6, "bf16": 13}
 
 
-@dataclass
+@dataclass(repr=False)
 class ConversionResult:
-    model: onnx.ModelProto
+    """What a conversion gives: the converted model (`model`), its plan, statistics and sizes."""
+
+    _model: onnx.ModelProto  # read as `model`
     plan: PrecisionPlan
     stats: ApplyStats
     initializer_bytes_before: int
@@ -78,20 +83,33 @@ class ConversionResult:
     output_files: list = field(default_factory=list)
     training: TrainingGraph | None = None  # what kind of training graph the input was (None: inference)
     loss_scaling: LossScaling | None = None  # what the loss-scaling rewrite added
-    # inferred on the input (tensor name -> (elem type, shape)); None over report.cost.LIMIT_NODES
-    shapes: Mapping | None = field(default=None, repr=False)
-    macs: list | None = field(default=None, repr=False)  # (node id, multiply-accumulates) per MatMul/Gemm/Conv
+    # inferred on the input (tensor name -> (elem type, shape)); None over graph.shapes.LIMIT_NODES
+    shapes: Mapping | None = None
+    macs: list | None = None  # (node id, multiply-accumulates) per MatMul/Gemm/Conv
     # how many initializers of the input (any graph) are stored as external data: a save in one
     # piece has to find and inline those it did not convert; without any it skips the search
-    external_tensors: int = field(default=1, repr=False)
+    external_tensors: int = 1
     # payloads convert_file's save spliced into the file but has not yet given to their tensors
-    # (splice.py): given on the first read of `model`, which the command line never makes
-    _held: HeldPayloads | None = field(default=None, init=False, repr=False, compare=False)
+    # (fast/splice.py): given on the first read of `model`, which the command line never makes
+    _held: HeldPayloads | None = field(default=None, init=False, compare=False)
 
-    def _graph(self) -> onnx.GraphProto:
-        """The converted main graph as it stands: its nodes and declarations are final, but a
-        payload still held for the splice is not given to its tensor (which reading `model` does)."""
-        return self.__dict__["model"].graph
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The converted model, whole: payloads still held for the save's splice are given to
+        their tensors on the first read."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.inline()
+        return self._model
+
+    @model.setter
+    def model(self, model: onnx.ModelProto) -> None:
+        self._model = model
+
+    @property
+    def nodes(self):
+        """The converted main graph's nodes, final; reading them gives no held payload to its tensor."""
+        return self._model.graph.node
 
     @property
     def casts_added(self) -> int:
@@ -108,23 +126,6 @@ class ConversionResult:
             f"ConversionResult({self.plan!r}, {self.stats.casts_added} casts added, initializer bytes "
             f"{self.initializer_bytes_before:,} -> {self.initializer_bytes_after:,})"
         )
-
-
-def _whole_model(result: ConversionResult) -> onnx.ModelProto:
-    held = result.__dict__.get("_held")
-    if held is not None:
-        result._held = None
-        held.inline()
-    return result.__dict__["model"]
-
-
-def _set_model(result: ConversionResult, model: onnx.ModelProto) -> None:
-    result.__dict__["model"] = model
-
-
-# `model` reads as the converted model, whole: payloads still held for the splice are given to
-# their tensors on the first read (a property set after @dataclass, whose __init__ assigns it)
-ConversionResult.model = property(_whole_model, _set_model, doc="The converted model.")  # type: ignore[assignment]
 
 
 @contextmanager
@@ -174,58 +175,57 @@ def _initializer_bytes(index, known: dict | None = None) -> int:
 def convert(
     model: onnx.ModelProto | str | os.PathLike,
     *,
-    precision: Precision | str | None = None,
-    rules=(),
-    keep_io_types: bool | None = None,
-    exclude_ops=(),
-    exclude_nodes=(),
-    include_nodes=(),
     check: str = "basic",
     copy: bool = True,
     calibration=None,
     force_fp32=None,
     plan: PrecisionPlan | str | os.PathLike | None = None,
     loss_scale: str | float | None = None,
-    strict: bool = False,
-    low_precision_io: str | None = None,
+    options: PlanOptions | None = None,
+    **planning,
 ) -> ConversionResult:
     """Convert a model to mixed precision.
 
-    `model` is a ModelProto (copied unless copy=False) or a path. `precision` is fp16 (the
-    default) or bf16. `rules` are extra rule files, applied in order over the default profile.
-    `calibration` maps tensor names to measured ranges (see validate.calibrate). `plan` replays
-    a plan written by `--plan-out` / `PrecisionPlan.save` (possibly edited) instead of planning:
-    it must belong to this model, and no planning option may be given with it. `loss_scale`
-    ("dynamic", "none" or a number; default dynamic for onnxruntime-training models) puts loss
-    scaling into a training graph (see rewrite/loss_scale.py). A node rule, --exclude-node,
-    --include-node or --exclude-op that matches no node is a plan warning, an error with
-    `strict`. `low_precision_io` (a regex on whole names) gives the matching model inputs and
-    outputs the low-precision type, e.g. a KV cache; it must match a float input or output.
-    Returns the
-    converted model, the precision plan (node -> precision and reasons) and statistics. Raises
-    AutocastError on bad input.
+    `model` is a ModelProto (copied unless copy=False) or a path. The planning options are
+    PlanOptions' fields (plan/options.py), given as keywords or as one `options` object:
+    `precision` is fp16 (the default) or bf16; `rules` are extra rule files, applied in order
+    over the default profile; `keep_io_types`, `exclude_ops`, `exclude_nodes`, `include_nodes`;
+    `low_precision_io` (a regex on whole names) gives the matching model inputs and outputs the
+    low-precision type, e.g. a KV cache, and must match a float input or output; with `strict`,
+    a node rule, --exclude-node, --include-node or --exclude-op that matches no node is an error
+    rather than a plan warning. `calibration` maps tensor names to measured ranges (see
+    validate.calibrate). `plan` replays a plan written by `--plan-out` / `PrecisionPlan.save`
+    (possibly edited) instead of planning: it must belong to this model, and no planning option
+    may be given with it. `loss_scale` ("dynamic", "none" or a number; default dynamic for
+    onnxruntime-training models) puts loss scaling into a training graph (see
+    rewrite/loss_scale.py). Returns the converted model, the precision plan (node -> precision
+    and reasons) and statistics. Raises AutocastError on bad input.
     """
+    options = _entry_options("convert", options, planning)
     timings = {}
     t0 = time.perf_counter()
     loaded = _loaded(model, copy)
     timings["load"] = time.perf_counter() - t0
     return _convert_loaded(
         loaded,
-        precision=precision,
-        rules=rules,
-        keep_io_types=keep_io_types,
-        exclude_ops=exclude_ops,
-        exclude_nodes=exclude_nodes,
-        include_nodes=include_nodes,
+        options=options,
         check=check,
         timings=timings,
         calibration=calibration,
         force_fp32=force_fp32,
         plan=plan,
         loss_scale=loss_scale,
-        strict=strict,
-        low_precision_io=low_precision_io,
     )
+
+
+def _entry_options(call: str, options: PlanOptions | None, planning: dict) -> PlanOptions:
+    """The planning options of a call as one PlanOptions, made once at its entry: `options`, or
+    the planning keywords through the builder (flags and keywords are read alike); an unknown
+    keyword is a TypeError naming the call, as Python's own."""
+    unknown = sorted(set(planning) - set(PLANNING))
+    if unknown:
+        raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}")
+    return plan_options_in({**planning, "options": options}, call)[0]
 
 
 @dataclass
@@ -241,35 +241,28 @@ class PlannedModel:
 def plan_model(
     model: onnx.ModelProto | str | os.PathLike,
     *,
-    precision: Precision | str | None = None,
-    rules=(),
-    keep_io_types: bool | None = None,
-    exclude_ops=(),
-    exclude_nodes=(),
-    include_nodes=(),
     copy: bool = True,
     calibration=None,
     force_fp32=None,
     loss_scale: str | float | None = None,
-    strict: bool = False,
-    low_precision_io: str | None = None,
+    options: PlanOptions | None = None,
+    **planning,
 ) -> PlannedModel:
     """Plan a model without converting it: the stages of convert up to the plan (load, index,
     classify, paint), then no rewrite of the weights, no apply, no check. For callers that read
     only the plan (lint's protected findings, diagnose's reasons, explain): the plan is the one
-    convert gives with the same keywords, at a fraction of the cost. Raises AutocastError on bad
-    input, as convert does."""
+    convert gives with the same options, at a fraction of the cost. The planning options are
+    convert's (keywords, or one `options` object). Raises AutocastError on bad input, as convert
+    does."""
+    options = _entry_options("plan_model", options, planning)
     loaded = _loaded(model, copy)
     where = str(loaded.path) if loaded.path else "<model>"
-    planning = {"rules": rules, "exclude_ops": exclude_ops, "exclude_nodes": exclude_nodes}
-    planning |= {"include_nodes": include_nodes, "calibration": calibration, "force_fp32": force_fp32}
-    planning |= {"low_precision_io": low_precision_io}
     with _stage("resolve target"):
-        _, target, keep_io_types = _resolve_target(None, precision, keep_io_types, planning)
+        _, target, keep_io_types = _resolve_target(None, options, {})
     with _stage("check opset"):
         _check_opset(loaded.model, target, where)
     with _stage("read options"):
-        selection = _read_selection(planning, strict)
+        selection = _read_selection(options, calibration, force_fp32)
     with _no_gc():
         with _stage("index"):
             index = _index(loaded, where)
@@ -280,7 +273,7 @@ def plan_model(
         with _stage("plan"):
             low_io = _low_precision_io(index, selection.low_precision_io, training, where)
             work = _work(index, tensor_shapes(loaded.model))
-            plan = _fresh_plan(index, selection, target, keep_io_types, training, work, low_io, None, None, where)
+            plan = _fresh_plan(index, selection, target, keep_io_types, training, work, low_io, None, where)
     with _stage("record training"):
         # the loss scaling's record names what its rewrite adds: made on this copy, after the plan
         scaling = unscale_gradients(loaded.model, training, scale) if scale is not None and training else None
@@ -314,32 +307,30 @@ def _copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
         ) from None
 
 
-_PLANNING_FLAGS = {
-    "rules": "--rules",
-    "exclude_ops": "--exclude-op",
-    "exclude_nodes": "--exclude-node",
-    "include_nodes": "--include-node",
-    "calibration": "--calibration-data",
-    "force_fp32": "--target",
-    "low_precision_io": "--low-precision-io",
-}
+# What a replayed plan refuses beside it, since it decides every node: the planning options that
+# PlanOptions declares `refused` (plan/options.py), then what was measured on data
+_PLANNING_FLAGS = {f.name: f.metadata["flag"] for f in planning_fields() if f.metadata["replay"] == "refused"}
+_PLANNING_FLAGS |= {"calibration": "--calibration-data", "force_fp32": "--target"}
 
 
-def _replayed_plan(plan, precision, keep_io_types, planning: dict) -> PrecisionPlan:
-    """The plan to replay, after refusing options that would have no effect with it."""
+def _replayed_plan(plan, options: PlanOptions, measured: dict) -> PrecisionPlan:
+    """The plan to replay, after refusing options that would have no effect with it (`measured`:
+    calibration and force_fp32, what planning on data gave)."""
     if not isinstance(plan, PrecisionPlan):
         plan = PrecisionPlan.load(plan)
     where = plan.source or "<plan>"
-    given = [_PLANNING_FLAGS[name] for name, value in planning.items() if value]
+    values = {name: getattr(options, name) for name in PLANNING} | measured
+    given = [flag for name, flag in _PLANNING_FLAGS.items() if values.get(name)]
+    precision, keep_io_types = options.precision, options.keep_io_types
     if given:
         raise AutocastError(
             f"{', '.join(given)} cannot be combined with --plan: the plan already decides every node",
             where,
             "edit the plan's node precisions instead, or plan afresh without --plan",
         )
-    if precision is not None and Precision.target(precision) != plan.target:
+    if precision is not None and precision != plan.target:
         raise AutocastError(
-            f"--precision {precision} contradicts the plan's target {plan.target}",
+            f"--precision {precision.value} contradicts the plan's target {plan.target}",
             where,
             "drop --precision; the plan decides it",
         )
@@ -351,13 +342,6 @@ def _replayed_plan(plan, precision, keep_io_types, planning: dict) -> PrecisionP
             "drop the flag; the plan decides it",
         )
     return plan
-
-
-def _target(precision) -> Precision:
-    try:
-        return Precision.target(precision if precision is not None else "fp16")
-    except (ValueError, TypeError):
-        raise AutocastError(f"unknown precision {precision!r}", "--precision", "use fp16 or bf16") from None
 
 
 class StageError(InternalCheckError):
@@ -421,49 +405,53 @@ class _Sizes:
     constants_after: int = 0
 
 
+@dataclass
+class _Weights:
+    """Where a conversion's converted weights go (convert_file's fast path; all optional).
+
+    `sink` takes each converted payload (io.PayloadSpill: written to the output's external-data
+    file as produced; fast.splice.HeldPayloads: held for the save's splice); `screen` is the
+    weight screen's worker (fast/screen.py), used when the conversion screens fp16 payloads in
+    memory and stopped in any case; `in_memory` says whether converted weights may stay in memory
+    until the rewrite stores them (not with a spill, whose point is that they do not)."""
+
+    sink: PayloadSink | None = None
+    screen: WeightScreen | None = None
+    in_memory: bool = True
+
+
 def _convert_loaded(
     loaded: LoadedModel,
     *,
-    precision,
-    rules,
-    keep_io_types,
-    exclude_ops,
-    exclude_nodes,
-    include_nodes,
+    options: PlanOptions,
     check,
     timings,
     calibration=None,
     force_fp32=None,
     plan=None,
     loss_scale=None,
-    strict=False,
-    spill=None,
-    low_precision_io=None,
-    screen: WeightScreen | None = None,
-    held: HeldPayloads | None = None,
+    weights: _Weights | None = None,
 ) -> ConversionResult:
     """Convert a loaded model, stage by stage (each logged with -v and named in an unexpected
-    error). `screen` (a WeightScreen started on the model's file) is used when the conversion
-    screens fp16 payloads in memory, and stopped in any case. `held` (a save in one piece follows)
-    keeps converted payloads out of their tensors until the save splices them in (splice.py)."""
+    error). `weights` says where the converted weights go (convert_file's fast path)."""
     where = str(loaded.path) if loaded.path else "<model>"
     model = loaded.model
-    planning = {"rules": rules, "exclude_ops": exclude_ops, "exclude_nodes": exclude_nodes}
-    planning |= {"include_nodes": include_nodes, "calibration": calibration, "force_fp32": force_fp32}
-    planning |= {"low_precision_io": low_precision_io}
     with _stage("resolve target"):
-        plan, target, keep_io_types = _resolve_target(plan, precision, keep_io_types, planning)
+        measured = {"calibration": calibration, "force_fp32": force_fp32}
+        plan, target, keep_io_types = _resolve_target(plan, options, measured)
     with _stage("check opset"):
         _check_opset(model, target, where)
     with _stage("read options"):
-        selection = None if plan is not None else _read_selection(planning, strict)
+        selection = None if plan is not None else _read_selection(options, calibration, force_fp32)
         if plan is not None and plan.training is not None:
             loss_scale = _replayed_loss_scale(plan, loss_scale)
+    weights = weights or _Weights()
+    screen = weights.screen
     # fp16 payloads converted once, by the data rules' screen, for the rewrite to store; only
     # when the converted weights stay in memory anyway (no spill to an external-data file). The
-    # screen runs in a worker on the second core while this process indexes (plan/screen.py).
-    payloads: dict | None = {} if spill is None and target is Precision.FP16 else None
-    if payloads is None or plan is not None:
+    # screen runs in a worker on the second core while this process indexes (fast/screen.py).
+    converted: dict | None = {} if weights.in_memory and target is Precision.FP16 else None
+    if converted is None or plan is not None:
         screen = _stopped(screen)
     try:
         with _no_gc():
@@ -481,15 +469,14 @@ def _convert_loaded(
                 shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
                 work = _work(index, shapes)
                 if selection is not None:
-                    screened = _screened(screen, loaded, index)
-                    plan = _fresh_plan(
-                        index, selection, target, keep_io_types, training, work, low_io, payloads, screened, where
-                    )
+                    _screened(screen, loaded, index, converted)
+                    planned = (index, selection, target, keep_io_types, training, work, low_io, converted, where)
+                    plan = _fresh_plan(*planned)
                 else:
                     check_plan_fits(plan, index)
             with _stage("apply", timings, "apply"):
-                stats = apply_plan(index, plan, spill, payloads, held)
-                payloads = None
+                stats = apply_plan(index, plan, sink=weights.sink, converted=converted)
+                converted = None
                 scaling = (
                     unscale_gradients(model, training, scale) if scale is not None and training is not None else None
                 )
@@ -503,7 +490,7 @@ def _convert_loaded(
     with _stage("check", timings, "check" if check != "none" else None):
         _check(model, check)
     return ConversionResult(
-        model=model,
+        model,
         plan=plan,
         stats=stats,
         initializer_bytes_before=sizes.initializers_before,
@@ -519,12 +506,13 @@ def _convert_loaded(
     )
 
 
-def _resolve_target(plan, precision, keep_io_types, planning: dict) -> tuple[PrecisionPlan | None, Precision, bool]:
+def _resolve_target(plan, options: PlanOptions, measured: dict) -> tuple[PrecisionPlan | None, Precision, bool]:
     """(the plan to replay or None, the target precision, keep_io_types): a replayed plan decides
-    the last two, after refusing options that contradict it or would have no effect with it."""
+    the last two, after refusing options that contradict it or would have no effect with it;
+    else the options do (fp16 and keep when not given)."""
     if plan is None:
-        return None, _target(precision), True if keep_io_types is None else keep_io_types
-    plan = _replayed_plan(plan, precision, keep_io_types, planning)
+        return None, options.target, True if options.keep_io_types is None else options.keep_io_types
+    plan = _replayed_plan(plan, options, measured)
     return plan, plan.target, plan.keep_io_types
 
 
@@ -539,20 +527,18 @@ def _check_opset(model: onnx.ModelProto, target: Precision, where: str) -> None:
         )
 
 
-def _read_selection(planning: dict, strict: bool) -> _Selection:
-    """A fresh plan's options, checked and compiled: op types, rule files, node patterns."""
-    for op in planning["exclude_ops"]:
-        check_op_type(op, "--exclude-op")
-    rule_set = load_rules(list(planning["rules"]))
+def _read_selection(options: PlanOptions, calibration, force_fp32) -> _Selection:
+    """A fresh plan's options, read and compiled: the rule files, the node patterns (the op types
+    and patterns were checked when the PlanOptions was made)."""
     return _Selection(
-        rule_set=rule_set,
-        exclude_ops=planning["exclude_ops"],
-        exclude_nodes=compile_patterns(planning["exclude_nodes"], "--exclude-node"),
-        include_nodes=compile_patterns(planning["include_nodes"], "--include-node"),
-        calibration=planning["calibration"],
-        force_fp32=planning["force_fp32"],
-        strict=strict,
-        low_precision_io=planning["low_precision_io"],
+        rule_set=load_rules(list(options.rules)),
+        exclude_ops=options.exclude_ops,
+        exclude_nodes=compile_patterns(options.exclude_nodes, "--exclude-node"),
+        include_nodes=compile_patterns(options.include_nodes, "--include-node"),
+        calibration=calibration,
+        force_fp32=force_fp32,
+        strict=options.strict,
+        low_precision_io=options.low_precision_io,
     )
 
 
@@ -571,7 +557,7 @@ def _sizes_before(index, loaded: LoadedModel, scale) -> _Sizes:
     """Initializer and Constant bytes of the input (the payloads left in the file measured by the
     loader, unless the loss scaling changed the model)."""
     left = loaded.left_in_file
-    constants = [n for n in index.nodes if n.op == "Constant" and n.domain in ("", "ai.onnx")]
+    constants = [n for n in index.nodes if n.op == "Constant" and n.domain == ""]
     return _Sizes(
         initializers_before=_initializer_bytes(index, left.sizes() if left is not None and scale is None else None),
         constants=constants,
@@ -586,14 +572,22 @@ def _work(index, shapes) -> list | None:
     return [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
 
 
-def _screened(screen: WeightScreen | None, loaded: LoadedModel, index):
-    """The weight screen's verdicts on the main graph's initializers (None without a screen)."""
-    if screen is None:
-        return None
-    return screen.results(loaded.model, index.main.initializer_names, left_in_file=loaded.left_in_file)
+def _screened(screen: WeightScreen | None, loaded: LoadedModel, index, converted: dict | None) -> None:
+    """Put into `converted` (classify's cache) the main graph's initializers the weight screen
+    converted and found to lose nothing; those that lost range are left to classification's data
+    rules, which convert and judge them again."""
+    if screen is None or converted is None:
+        return
+    screened = screen.results(loaded.model, index.main.initializer_names, left_in_file=loaded.left_in_file)
+    if screened is None:
+        return
+    values = index.main.values
+    for name, (payload, lost) in screened.items():
+        if not lost:
+            converted[id(values[name].initializer)] = payload
 
 
-def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, work, low_io, payloads, screened, where):
+def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, work, low_io, converted, where):
     """Classify every node and paint the precision plan (with --strict, a selector that matches
     no node is an error)."""
     head = training is None or not training.has_backward
@@ -609,8 +603,7 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         force_fp32=selection.force_fp32,
         output_head=head,
         macs=macs,
-        payloads=payloads,
-        screened=screened,
+        converted=converted,
     )
     unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
     if selection.strict and unmatched:
@@ -739,10 +732,12 @@ def convert_file(
 ) -> ConversionResult:
     """Convert the model at `in_path` and write it atomically to `out_path` (default: beside the
     input as NAME.fp16.onnx). Never writes over the input. `search_log` (from plan_on_data's
-    --target search) is recorded in the plan."""
+    --target search) is recorded in the plan. The other keywords are convert's: the planning
+    options as keywords or one `options` object, turned into a PlanOptions here, once."""
     in_path = Path(in_path)
-    precision = options.get("precision") or "fp16"
-    if options.get("plan") is not None and not options.get("precision"):
+    options = _api_options(options)
+    precision = options["options"].target.value
+    if options.get("plan") is not None and options["options"].precision is None:
         plan = options["plan"]
         options["plan"] = plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         precision = plan.target.value
@@ -778,7 +773,7 @@ class _Output:
     big: bool  # checked by reading the written file back, not in memory
     stream: bool  # a FIFO or device, written in place
     in_memory: bool  # serialized once, for the check and the file
-    left: PayloadsInFile | None  # payloads still in the input file, read back before the save
+    left: LeftInFile | None  # payloads still in the input file, read back before the save
     spill: PayloadSpill | None  # the external-data file the rewrite writes converted payloads to
     held: HeldPayloads | None  # converted payloads the save splices into the file's bytes
 
@@ -796,7 +791,8 @@ def _convert_file(in_path, out_path, plan_out, external_data, search_log, screen
     try:
         result = _convert_loaded(
             loaded, check="none" if (output.big or output.in_memory or output.spill) else check, timings=timings,
-            spill=output.spill, screen=screen, held=output.held, **_api_options(options),
+            weights=_Weights(output.spill or output.held, screen, in_memory=output.spill is None),
+            **_api_options(options),
         )  # fmt: skip
     except BaseException:
         if output.spill is not None:
@@ -829,12 +825,9 @@ def _load_checked(in_path: Path, screen: WeightScreen | None, onnx_checker: bool
     # left in the input file: the screen's worker converts them from it, so the rewrite never needs
     # them in memory, and those kept fp32 are read back before the save.
     with _no_gc():  # the walk of a large file makes an object per initializer: no full collections meanwhile
-        loaded = load_model(
-            in_path,
-            load_external=False,
-            leave_in_file=screen is not None,
-            prepared=screen.encoding if screen is not None else None,  # the worker's walk of the file
-        )
+        # the worker's walk of the file, when the screen has one
+        leaving = in_file.parser(screen.encoding) if screen is not None else None
+        loaded = load_model(in_path, load_external=False, parse=leaving)
         # onnx.checker's look at the nodes is the output check's, unless there is none (convert_file
         # blames the input then)
         check_input(
@@ -915,17 +908,18 @@ def _serialize(result: ConversionResult, output: _Output, check: str, timings: d
             serialized["payload"], stand_in = result.model.SerializeToString(), None
     if check == "none":
         return None
+    checker = functools.partial(check_result, full=check == "full")
     if output.stream:
         with _stage("check", timings, "check"):
-            check_result(serialized["payload"], full=check == "full", stand_in=stand_in)
+            check_with_stand_in(checker, serialized["payload"], stand_in)
         return None
 
     # while a thread writes the bytes: a write slowed by the page cache hides behind the check
     # (docs/benchmarks.md). The checker reads the stand-in when there is one: the same bytes with
     # the large converted weights as inputs, so it copies no weight again
-    def verify(payload: bytes | Pieces) -> None:
+    def verify(payload: bytes | PiecesLike) -> None:
         with _stage("check", timings, "check"):
-            check_result(payload, full=check == "full", stand_in=stand_in)
+            check_with_stand_in(checker, payload, stand_in)
 
     return verify
 
@@ -986,34 +980,16 @@ def _refuse_overwriting_inputs(in_path: Path, external_files, out_path: Path, pl
 
 
 def _api_options(options: dict) -> dict:
-    allowed = {
-        "precision",
-        "rules",
-        "keep_io_types",
-        "exclude_ops",
-        "exclude_nodes",
-        "include_nodes",
-        "calibration",
-        "force_fp32",
-        "plan",
-        "loss_scale",
-        "strict",
-        "low_precision_io",
-    }
-    unknown = set(options) - allowed
+    """convert_file's keywords as _convert_loaded takes them: the planning options (PlanOptions'
+    fields as keywords, or a PlanOptions as `options`) made into one PlanOptions, the others as
+    given. Made once: a dict this returned comes back unchanged. An unknown keyword is a
+    TypeError, as in a call."""
+    unknown = set(options) - _CONVERT_KEYWORDS - set(PLANNING)
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    return {
-        "precision": options.get("precision"),
-        "rules": options.get("rules", ()),
-        "keep_io_types": options.get("keep_io_types"),
-        "plan": options.get("plan"),
-        "exclude_ops": options.get("exclude_ops", ()),
-        "exclude_nodes": options.get("exclude_nodes", ()),
-        "include_nodes": options.get("include_nodes", ()),
-        "calibration": options.get("calibration"),
-        "force_fp32": options.get("force_fp32"),
-        "loss_scale": options.get("loss_scale"),
-        "strict": options.get("strict", False),
-        "low_precision_io": options.get("low_precision_io"),
-    }
+    planning, rest = plan_options_in(options, "convert_file")
+    return rest | {"options": planning}
+
+
+# convert's keywords besides the planning options (those of convert_file's **options)
+_CONVERT_KEYWORDS = {"options", "check", "calibration", "force_fp32", "plan", "loss_scale"}

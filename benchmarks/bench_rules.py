@@ -83,7 +83,7 @@ def measure(name: str, variant: str, rules_dir: Path) -> dict:
         path.write_text(text)
         rules = [path]
     result = autocast_onnx.convert(source, rules=rules)
-    cost = conversion_cost(result)
+    cost = conversion_cost(result.shapes, result.macs, result.nodes, result.stats.cast_outputs, result.plan.precisions)
     batches = _feeds(name, source)
     reference, emulated = _session(source), _session(emulation_model(result.model))
     error, max_abs, nonfinite = 0.0, 0.0, 0

@@ -41,3 +41,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "training" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _stand_in_agrees_with_the_whole_model(monkeypatch):
+    """The output check of a model written in one piece reads a stand-in (fast/splice.py: the
+    same bytes with the held weights as graph inputs) instead of the whole bytes. Every
+    conversion the suite makes in this process checks both and asserts the two verdicts agree:
+    the stand-in's correctness argument, held on every model the suite converts."""
+    from stand_in_helpers import checked_both_ways
+
+    from autocast_onnx import pipeline
+
+    real = pipeline.check_with_stand_in
+
+    def both(check, whole, stand_in):
+        if stand_in is not None:
+            checked_both_ways(check, whole, stand_in)
+        return real(check, whole, stand_in)
+
+    monkeypatch.setattr(pipeline, "check_with_stand_in", both)

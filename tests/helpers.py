@@ -223,11 +223,16 @@ def worker_for_small_files(monkeypatch):
     """Body of a fixture that lets the worker (forked for files of 16 MiB or more:
     worker.MIN_BYTES) and the weight screen run for small test models, whatever this process's
     size. Use: `pytest.fixture(name="worker_for_small_files")(helpers.worker_for_small_files)`."""
-    from autocast_onnx import worker
-    from autocast_onnx.plan import screen
+    from autocast_onnx.fast import screen, worker
 
     for module in (worker, screen):
         monkeypatch.setattr(module, "MIN_BYTES", 0)
         monkeypatch.setattr(module, "MAX_PARENT_BYTES", 2**40)
     yield
-    worker.discard_early()
+
+
+def cost_of(result) -> dict:
+    """The summary's cast and MAC cost of a ConversionResult (report.cost.conversion_cost on its data)."""
+    from autocast_onnx.report.cost import conversion_cost
+
+    return conversion_cost(result.shapes, result.macs, result.nodes, result.stats.cast_outputs, result.plan.precisions)

@@ -28,6 +28,7 @@ COPIED = [
     "docs/rules.md",
     "tests/conftest.py",
     "tests/helpers.py",
+    "tests/stand_in_helpers.py",  # conftest.py's check of every conversion's stand-in
     "tests/lint_helpers.py",
     "tests/test_lint_checks.py",
     "tests/test_rules_doc.py",

@@ -11,7 +11,6 @@ import onnx
 from helpers import parse, randn
 
 import autocast_onnx
-from autocast_onnx.validate.core import ValidateOptions
 
 MODEL = """
 net (float[2,8] x) => (float[2,8] y) {
@@ -44,7 +43,7 @@ def test_plan_on_data_calibration_keeps_the_overflowing_node_fp32(tmp_path):
 
 def test_check_gate_as_a_library_call(tmp_path):
     path = write_model(tmp_path)
-    result = autocast_onnx.check(path, validation=ValidateOptions(speed=False), output=tmp_path / "out.onnx")
+    result = autocast_onnx.check(path, speed=False, output=tmp_path / "out.onnx")
     assert isinstance(result, autocast_onnx.CheckResult)
     assert result.report["conversion"]["precision"] == "fp16"
     assert result.report["validation"] is not None
@@ -56,7 +55,7 @@ def test_check_gate_as_a_library_call(tmp_path):
 def test_plan_options_object_drives_the_same_conversion(tmp_path):
     path = write_model(tmp_path)
     options = autocast_onnx.PlanOptions(precision="bf16", exclude_ops=("Softmax",))
-    via_options = autocast_onnx.convert(path, **options.convert_kwargs())
+    via_options = autocast_onnx.convert(path, options=options)
     direct = autocast_onnx.convert(path, precision="bf16", exclude_ops=["Softmax"])
     assert via_options.model.SerializeToString() == direct.model.SerializeToString()
 

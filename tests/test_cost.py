@@ -5,11 +5,10 @@ from shapes and checked here by hand on small graphs."""
 from __future__ import annotations
 
 import numpy as np
-from helpers import parse, randn
+from helpers import cost_of, parse, randn
 
 import autocast_onnx
 from autocast_onnx.report import conversion_summary
-from autocast_onnx.report.cost import conversion_cost
 
 
 def conv_bn(batch="1"):
@@ -29,7 +28,7 @@ def conv_bn(batch="1"):
 
 def test_casts_and_macs_of_conv_then_batchnorm_are_counted_from_shapes():
     result = autocast_onnx.convert(conv_bn())
-    cost = conversion_cost(result)
+    cost = cost_of(result)
     # x -> fp16 (192 values, 4 bytes read + 2 written) and the Conv's fp16 output -> fp32 for the
     # BatchNormalization (256 values, 2 read + 4 written)
     assert cost["casts"] == result.stats.casts_added == 2
@@ -43,7 +42,7 @@ def test_casts_and_macs_of_conv_then_batchnorm_are_counted_from_shapes():
 
 
 def test_named_dimensions_count_as_one_and_fp32_matmuls_lower_the_share(tmp_path):
-    assert conversion_cost(autocast_onnx.convert(conv_bn("N")))["macs"] == 6912
+    assert cost_of(autocast_onnx.convert(conv_bn("N")))["macs"] == 6912
     m = parse(
         """
         two (float[2,16] x) => (float[2,16] y) {
@@ -55,7 +54,7 @@ def test_named_dimensions_count_as_one_and_fp32_matmuls_lower_the_share(tmp_path
     )
     rules = tmp_path / "r.toml"
     rules.write_text('[[nodes]]\nmatch = "^slow$"\nprecision = "fp32"\nwhy = "test"\n')
-    cost = conversion_cost(autocast_onnx.convert(m, rules=[rules]))
+    cost = cost_of(autocast_onnx.convert(m, rules=[rules]))
     assert cost["macs"] == 2 * 2 * 16 * 16 and cost["macs_low_precision"] == 2 * 16 * 16
 
 
@@ -68,7 +67,7 @@ def test_unknown_shapes_are_reported_not_guessed():
         }""",
         w=randn([16, 16]),
     )
-    cost = conversion_cost(autocast_onnx.convert(m))
+    cost = cost_of(autocast_onnx.convert(m))
     assert cost["mac_nodes_unknown_shape"] == 1 and cost["macs"] == 0
     assert "shapes unknown for" in conversion_summary(autocast_onnx.convert(m))
 
@@ -77,7 +76,7 @@ def test_shapes_computed_through_shape_ops_are_followed():
     # the MatMul's input shape is known only by propagating Shape's value into Reshape
     import onnx
 
-    from autocast_onnx.report.cost import node_macs, tensor_shapes
+    from autocast_onnx.graph.shapes import node_macs, tensor_shapes
 
     m = parse(
         """

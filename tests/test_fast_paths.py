@@ -1,7 +1,7 @@
 """The speed paths of the conversion give what the plain paths give.
 
 - The data rules screen fp32 weights by converting them to fp16 and hand the fp16 bytes to the
-  rewrite (`payloads`): the verdicts are those of the exact screen, the bytes are numpy's, and the
+  rewrite (`converted`): the verdicts are those of the exact screen, the bytes are numpy's, and the
   converted model is byte-identical to one converted without the hand-over.
 - The rewrite appends new nodes and sorts the node list in place: the NodeProtos the index holds
   stay the model's own (body graphs included), and the order is topological.
@@ -69,9 +69,9 @@ def model_of(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
 def plan_and_apply(model: onnx.ModelProto, payloads: dict | None):
     rules = load_rules([])
     index = build_index(model)
-    classification = classify(index, rules, Precision.FP16, payloads=payloads)
+    classification = classify(index, rules, Precision.FP16, converted=payloads)
     plan = paint(index, classification, Precision.FP16, True, rules.files, order=global_order(index))
-    stats = apply_plan(index, plan, None, payloads)
+    stats = apply_plan(index, plan, converted=payloads)
     return classification, plan, stats
 
 
@@ -81,7 +81,7 @@ def test_screen_by_conversion_gives_the_exact_screens_verdicts_and_numpys_bytes(
     plain = classify(build_index(model_of(weights)), load_rules([]), Precision.FP16)
     model = model_of(weights)
     index = build_index(model)
-    fast = classify(index, load_rules([]), Precision.FP16, payloads=payloads)
+    fast = classify(index, load_rules([]), Precision.FP16, converted=payloads)
 
     def verdicts(c):
         return [(s, [(r.code, r.message) for r in rs]) for s, rs in zip(c.seeds, c.reasons)], sorted(

@@ -23,14 +23,20 @@ LAYERS: list[tuple[str, ...]] = [
     ("training",),  # artifacts folders: converts each model of the folder
     ("pipeline",),  # convert and convert_file: the stages in order
     ("report",),  # formatting results
-    ("rewrite", "splice"),  # the only code that edits the graph; the save's payload splice
+    ("rewrite",),  # the only code that edits the graph
     ("plan",),  # classify, paint, the plan and its file
     ("catalog", "graph", "patterns", "diagnostics"),  # rule files, the index, shared judgements
+    ("fast",),  # the fast path: the worker, the walk, the weight screen, payloads left in the file, the splice
     ("io",),  # load and save
-    ("worker",),  # the worker forked before the load
-    ("wire", "screen_work"),  # the protobuf walk; the weight screen's half that runs in the worker
-    ("errors", "dtypes", "_version", "hazards"),  # leaves (hazards: what a constant loses)
+    ("errors", "dtypes", "_version", "hazards", "filesys", "varint"),  # leaves (hazards: what a constant loses)
 ]
+
+# The fence around the fast path (fast/__init__.py): only these units import it, directly. The
+# units below the pipeline do not reach it through any chain of imports either; lint and validate
+# do, through the pipeline they call (a conversion takes the fast path), never by naming it.
+FAST_IMPORTERS = {"__init__", "__main__", "cli", "pipeline", "fast"}
+FENCED = ("plan", "graph", "catalog", "rewrite", "lint", "validate", "report")
+FENCED_TRANSITIVELY = ("plan", "graph", "catalog", "rewrite", "report")
 
 
 def module_names() -> dict[str, Path]:
@@ -166,3 +172,52 @@ def test_lazy_and_relative_imports_are_read():
     statements = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     found = [target for node in statements for target in _targets("autocast_onnx.plan.screen", False, node, names)]
     assert found == ["autocast_onnx.plan.model", "autocast_onnx"]
+
+
+def fast_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) where a module outside FAST_IMPORTERS imports the fast path directly."""
+    return {
+        (a, b) for a, targets in graph.items() for b in targets if unit(b) == "fast" and unit(a) not in FAST_IMPORTERS
+    }
+
+
+def reaches_fast(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A chain of imports from `start` to a module of the fast path (None: there is none)."""
+    seen = {start}
+    paths = [[start]]
+    while paths:
+        path = paths.pop()
+        for nxt in sorted(graph[path[-1]]):
+            if unit(nxt) == "fast":
+                return path + [nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                paths.append(path + [nxt])
+    return None
+
+
+def test_only_the_pipeline_and_the_command_line_import_the_fast_path():
+    found = sorted((_short(a), _short(b)) for a, b in fast_imports(import_graph()))
+    assert not found, "imports of the fast path from outside its fence: " + ", ".join(f"{a} -> {b}" for a, b in found)
+    assert set(FENCED).isdisjoint(FAST_IMPORTERS)
+
+
+def test_planning_rewriting_and_reports_do_not_reach_the_fast_path():
+    graph = import_graph()
+    chains = [reaches_fast(graph, m) for m in graph if unit(m) in FENCED_TRANSITIVELY]
+    found = [" -> ".join(_short(m) for m in chain) for chain in chains if chain]
+    assert not found, "chains into the fast path: " + "; ".join(found)
+
+
+def test_the_fence_checks_find_a_forbidden_import():
+    graph = {
+        "autocast_onnx.plan.classify": {"autocast_onnx.graph.index"},
+        "autocast_onnx.graph.index": {"autocast_onnx.fast.screen"},
+        "autocast_onnx.fast.screen": set(),
+    }
+    assert fast_imports(graph) == {("autocast_onnx.graph.index", "autocast_onnx.fast.screen")}
+    assert reaches_fast(graph, "autocast_onnx.plan.classify") == [
+        "autocast_onnx.plan.classify",
+        "autocast_onnx.graph.index",
+        "autocast_onnx.fast.screen",
+    ]

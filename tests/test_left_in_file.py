@@ -1,4 +1,4 @@
-"""Payloads left in the input file (io.load_model(leave_in_file=True), wire.py).
+"""Payloads left in the input file (io.load_model(parse=in_file.parser()), wire.py).
 
 When the weight screen runs, `convert` loads the model with the main graph's large, plain fp32
 payloads left in the mapped file: each such initializer is parsed as external data at its own
@@ -24,10 +24,11 @@ from onnx import TensorProto, helper, numpy_helper
 from autocast_onnx import io as io_module
 from autocast_onnx import pipeline
 from autocast_onnx.errors import AutocastError
+from autocast_onnx.fast import in_file
+from autocast_onnx.fast import screen as screen_module
 from autocast_onnx.graph.index import build_index
 from autocast_onnx.io import external_location, load_model, tensor_bytes
 from autocast_onnx.pipeline import convert_file
-from autocast_onnx.plan import screen as screen_module
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the weight screen, which payloads are left for, runs on Linux only"
@@ -83,7 +84,7 @@ def test_the_loader_leaves_large_plain_fp32_payloads_in_the_file(tmp_path):
     source = tmp_path / "mlp.onnx"
     onnx.save(mlp(), source)
     whole = onnx.load(source)
-    loaded = load_model(source, load_external=False, leave_in_file=True)
+    loaded = load_model(source, load_external=False, parse=in_file.parser())
     assert loaded.left_in_file is not None and len(loaded.left_in_file) == 2
     assert not loaded.external_data and loaded.external_files == []
     by_name = {t.name: t for t in loaded.model.graph.initializer}
@@ -201,7 +202,7 @@ def test_an_encoding_the_walk_does_not_follow_is_parsed_whole(tmp_path):
     extra.initializer.append(numpy_helper.from_array(randn(BIG, seed=6), "merged_in"))
     source = tmp_path / "two_graphs.onnx"
     source.write_bytes(model.SerializeToString() + onnx.ModelProto(graph=extra).SerializeToString())
-    loaded = load_model(source, load_external=False, leave_in_file=True)
+    loaded = load_model(source, load_external=False, parse=in_file.parser())
     assert loaded.left_in_file is None
     assert "merged_in" in {t.name for t in loaded.model.graph.initializer}
     assert all(t.data_location != TensorProto.EXTERNAL for t in loaded.model.graph.initializer)
@@ -222,7 +223,7 @@ def test_a_link_to_a_model_elsewhere_is_parsed_whole(monkeypatch, tmp_path):
     """Its payloads would lie outside the folder the model is read from: nothing is left, and
     the conversion goes on as without the option."""
     real, link = linked_mlp(tmp_path)
-    assert load_model(link, load_external=False, leave_in_file=True).left_in_file is None
+    assert load_model(link, load_external=False, parse=in_file.parser()).left_in_file is None
     monkeypatch.setattr(screen_module, "MIN_BYTES", 0)
     convert_file(link, tmp_path / "here" / "out.onnx")
     monkeypatch.setattr(screen_module, "MIN_BYTES", 10**15)
@@ -303,7 +304,7 @@ def test_a_file_whose_only_candidate_does_not_fit_its_dims_is_read_as_it_is(tmp_
     model.graph.initializer[0].raw_data = randn([2048], seed=5).tobytes()  # one element too many
     source = tmp_path / "odd.onnx"
     source.write_bytes(model.SerializeToString())
-    loaded = load_model(source, load_external=False, leave_in_file=True)
+    loaded = load_model(source, load_external=False, parse=in_file.parser())
     assert loaded.left_in_file is None
     assert loaded.model == onnx.load(source)
     assert len(loaded.model.graph.node) == 1 and len(loaded.model.graph.initializer) == 1

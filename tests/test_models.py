@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import F16, F32, run
+from helpers import F16, F32, cost_of, run
 
 import autocast_onnx
-from autocast_onnx.report.cost import conversion_cost
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
@@ -106,7 +105,7 @@ def test_categories_hold_in_the_converted_graph(converted):
     for entry in result.plan.nodes:
         if entry.op_type in LOW_OPS and entry.precision != "fp16":
             assert any(r.code.startswith("data-") or r.code == "output-head" for r in entry.reasons), entry.label
-    cost = conversion_cost(result)
+    cost = cost_of(result)
     assert cost["macs_low_precision"] >= 0.95 * cost["macs"]
 
 

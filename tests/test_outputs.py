@@ -831,9 +831,9 @@ def test_the_check_reads_the_bytes_that_are_written(tmp_path, m, out, monkeypatc
     seen = []
     real = pipeline.check_result
 
-    def recording(payload, full=True, stand_in=None):
+    def recording(payload, full=True):
         seen.append(bytes(payload))
-        return real(payload, full, stand_in)
+        return real(payload, full)
 
     monkeypatch.setattr(pipeline, "check_result", recording)
     assert run("convert", m, "-o", out / "x.onnx", "-q").code == 0
@@ -848,7 +848,7 @@ def test_a_failed_check_writes_nothing_and_keeps_the_older_model(tmp_path, m, ou
 
     seen = []
 
-    def failing(payload, full=True, stand_in=None):
+    def failing(payload, full=True):
         seen.append(onnx.ModelProto.FromString(payload))
         raise InternalCheckError("the converted model fails onnx.checker: planted")
 

@@ -9,17 +9,17 @@ output and returned model are those of a conversion that never held anything."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import pytest
-from helpers import parse, randn
+from helpers import cost_of, parse, randn
 from onnx import TensorProto, helper, numpy_helper
 
-from autocast_onnx import splice, wire
-from autocast_onnx.io import Pieces
+from autocast_onnx.fast import splice, wire
+from autocast_onnx.fast.splice import HOLD_MIN_BYTES, HeldPayloads, Pieces, check_with_stand_in
 from autocast_onnx.pipeline import convert, convert_file
-from autocast_onnx.report.cost import conversion_cost
-from autocast_onnx.splice import HOLD_MIN_BYTES, HeldPayloads
 
 BIG = [32, 64]  # 8 KiB of fp32, 4 KiB once fp16: above HOLD_MIN_BYTES
 
@@ -164,7 +164,7 @@ def test_convert_file_writes_and_returns_what_an_in_memory_conversion_gives(tmp_
     written = (tmp_path / "out.onnx").read_bytes()
     assert written == convert(onnx.load(source), precision=precision).model.SerializeToString()
     # the converted weights were spliced into the file, not given to the tensors...
-    still = {t.name: t for t in result.__dict__["model"].graph.initializer}
+    still = {t.name: t for t in result._model.graph.initializer}
     low = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.BFLOAT16
     assert still["w_first"].data_type == low and not still["w_first"].HasField("raw_data")
     # ...until the model is read: then it is whole, and the same model as the file
@@ -178,13 +178,13 @@ def test_the_summary_reads_the_nodes_without_giving_the_payloads_to_their_tensor
     source = tmp_path / "net.onnx"
     onnx.save(weights_model(), source)
     result = convert_file(source, tmp_path / "out.onnx")
-    held = result.__dict__["_held"]
+    held = result._held
     assert held is not None and len(held) == 3
-    cost = conversion_cost(result)
+    cost = cost_of(result)
     written = onnx.load(tmp_path / "out.onnx")
     assert cost["computed"] and cost["casts"] == sum(n.op_type == "Cast" for n in written.graph.node) == 1
     assert "casts added" in result.summary()
-    assert result.__dict__["_held"] is held and len(held) == 3
+    assert result._held is held and len(held) == 3
 
 
 # ---- the stand-in the check reads ---------------------------------------------------------------
@@ -245,6 +245,7 @@ def test_the_check_reads_the_stand_in_and_confirms_a_failure_on_the_whole_model(
     from autocast_onnx.errors import InternalCheckError
     from autocast_onnx.rewrite.checks import check_result
 
+    check = functools.partial(check_result, full=False)
     model = weights_model()
     held, _ = hold(model, {"w_first", "w_mid"})
     pieces, stand_in = held.serialize_with_stand_in(model)
@@ -254,14 +255,18 @@ def test_the_check_reads_the_stand_in_and_confirms_a_failure_on_the_whole_model(
     broken_bytes = broken.SerializeToString()
     assert _checker_refuses(broken_bytes) and not _checker_refuses(stand_in)
     # a passing stand-in is the verdict: the whole model's bytes are not parsed again
-    check_result(broken_bytes, full=False, stand_in=stand_in)
+    check_with_stand_in(check, broken_bytes, stand_in)
     # a stand-in that fails where the whole model passes: the whole model's verdict counts
     wrong_stand_in = onnx.ModelProto.FromString(stand_in)
     wrong_stand_in.graph.node[0].op_type = "NoSuchOp"
-    check_result(written, full=False, stand_in=wrong_stand_in.SerializeToString())
+    check_with_stand_in(check, pieces, wrong_stand_in.SerializeToString())
     # both fail: the error is the whole model's
     with pytest.raises(InternalCheckError, match="NoSuchOp"):
-        check_result(broken_bytes, full=False, stand_in=wrong_stand_in.SerializeToString())
+        check_with_stand_in(check, broken_bytes, wrong_stand_in.SerializeToString())
+    # no stand-in: the whole model, joined from its pieces
+    with pytest.raises(InternalCheckError, match="NoSuchOp"):
+        check_with_stand_in(check, broken_bytes, None)
+    check_with_stand_in(check, pieces, None)
 
 
 def test_convert_file_checks_the_stand_in_and_writes_the_whole_model(tmp_path, monkeypatch):
@@ -270,17 +275,18 @@ def test_convert_file_checks_the_stand_in_and_writes_the_whole_model(tmp_path, m
     seen = []
     real = pipeline.check_result
 
-    def spy(model, full=True, stand_in=None):
-        seen.append((len(model), None if stand_in is None else len(stand_in)))
-        return real(model, full, stand_in)
+    def spy(model, full=True):
+        seen.append(len(model))
+        return real(model, full)
 
     monkeypatch.setattr(pipeline, "check_result", spy)
+    monkeypatch.setattr(pipeline, "check_with_stand_in", check_with_stand_in)  # not conftest's, which checks both
     source = tmp_path / "net.onnx"
     onnx.save(weights_model(), source)
     convert_file(source, tmp_path / "out.onnx", check="full")
     written = (tmp_path / "out.onnx").read_bytes()
-    [(whole, stood)] = seen
-    assert whole == len(written) and stood is not None and stood < whole - 3 * 4096
+    [stood] = seen  # the stand-in alone: it passed
+    assert stood < len(written) - 3 * 4096
     onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
 
 
@@ -329,11 +335,11 @@ def test_a_failed_check_of_spliced_pieces_writes_nothing(tmp_path, monkeypatch):
 
     given = []
 
-    def failing(payload, full=True, stand_in=None):
-        given.append(payload)
+    def failing(check, whole, stand_in):
+        given.append(whole)
         raise InternalCheckError("the converted model fails onnx.checker: planted")
 
-    monkeypatch.setattr(pipeline, "check_result", failing)
+    monkeypatch.setattr(pipeline, "check_with_stand_in", failing)
     source, out = tmp_path / "net.onnx", tmp_path / "out"
     onnx.save(weights_model(), source)
     out.mkdir()
@@ -359,5 +365,33 @@ def test_spliced_pieces_reach_a_fifo_whole(tmp_path):
     result = convert_file(source, fifo, check="full")
     reader.join(timeout=20)
     assert not reader.is_alive() and got
-    assert result.__dict__["_held"] is not None and len(result.__dict__["_held"]) == 3  # spliced, not inlined
+    assert result._held is not None and len(result._held) == 3  # spliced, not inlined
     assert got[0] == convert(onnx.load(source)).model.SerializeToString()
+
+
+def test_a_converted_copy_of_a_weight_read_at_both_precisions_is_written_whole(tmp_path):
+    """A weight read by a low-precision MatMul and by an fp32 op (a tied embedding and head) is
+    kept and gets a converted copy, which the rewrite adds to the graph after converting it: its
+    payload goes into the copy (the sink's put_new), never held by reference, or the file would
+    get a tensor without a value."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("ReduceSumSquare", ["w"], ["norm"], keepdims=0),
+            helper.make_node("Add", ["h", "norm"], ["y"]),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    source = tmp_path / "tied.onnx"
+    onnx.save(model, source)
+    result = convert_file(source, tmp_path / "out.onnx", check="full")
+    written = onnx.load(tmp_path / "out.onnx")
+    copies = [t for t in written.graph.initializer if t.name != "w"]
+    assert len(copies) == 1 and copies[0].data_type == TensorProto.FLOAT16 and len(copies[0].raw_data) == 2 * 64 * 64
+    assert (tmp_path / "out.onnx").read_bytes() == convert(model).model.SerializeToString()
+    assert result.stats.initializer_copies == 1

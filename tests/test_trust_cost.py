@@ -22,14 +22,14 @@ from helpers import parse, randn
 from onnx import TensorProto, helper
 
 from autocast_onnx import io as io_module
-from autocast_onnx import screen_work
 from autocast_onnx.catalog import toml_lines
 from autocast_onnx.catalog.toml_lines import TomlLines
 from autocast_onnx.errors import AutocastError
+from autocast_onnx.fast import in_file, screen_work
+from autocast_onnx.fast.screen import WeightScreen
 from autocast_onnx.graph import sanity
 from autocast_onnx.io import load_model
 from autocast_onnx.pipeline import convert_file
-from autocast_onnx.plan.screen import WeightScreen
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the worker and payloads left in the file are Linux-only"
@@ -83,7 +83,7 @@ def test_external_data_keys_the_walk_did_not_write_are_not_taken(tmp_path, worke
     encoding, rows, seen = prepared_by_worker(path)
     assert bytes(encoding).count(b"\x08location") == 3
     tampered = bytes(encoding).replace(b"\x08location", b"\x08locatiom", 1)
-    loaded = load_model(path, load_external=False, leave_in_file=True, prepared=lambda: (tampered, rows, seen))
+    loaded = load_model(path, load_external=False, parse=in_file.parser(lambda: (tampered, rows, seen)))
     assert loaded.left_in_file is None and loaded.model == truth
     sanity.check_input(loaded.model, str(path), path.parent, left_in_file=loaded.left_in_file)
 
@@ -97,7 +97,7 @@ def test_a_tensor_with_more_than_the_walk_wrote_is_judged_field_by_field(tmp_pat
     path = saved(tmp_path, model)
     truth = onnx.load(path)
     ready = prepared_by_worker(path)
-    loaded = load_model(path, load_external=False, leave_in_file=True, prepared=lambda: ready)
+    loaded = load_model(path, load_external=False, parse=in_file.parser(lambda: ready))
     assert loaded.left_in_file is not None and loaded.left_in_file.ordinals == {0, 1, 2}
     loaded.left_in_file.inline()
     assert loaded.model == truth
@@ -113,7 +113,7 @@ def test_a_row_beyond_the_file_is_not_taken(tmp_path):
     io_module._set_external(tensor, "m.onnx", 1 << 20, 4096)
     view = memoryview(bytes(8192))
     rows = [(0, 1 << 20, 4096, b"w")]
-    assert io_module._left_in_file(view, tmp_path / "m.onnx", model, tmp_path.stat(), rows) is None
+    assert in_file._left_in_file(view, tmp_path / "m.onnx", model, tmp_path.stat(), rows) is None
     assert len(model.graph.initializer) == 0  # cleared: the caller parses the file whole
 
 
@@ -126,7 +126,7 @@ def test_a_payload_with_negative_dims_is_put_back_and_refused(tmp_path, worker_f
     del bad.dims[:]
     bad.dims.extend([-32, -32])
     path = saved(tmp_path, model)
-    loaded = load_model(path, load_external=False, leave_in_file=True, prepared=None)
+    loaded = load_model(path, load_external=False, parse=in_file.parser(None))
     assert loaded.left_in_file is not None and loaded.left_in_file.ordinals == {0, 2}
     assert loaded.model.graph.initializer[1].HasField("raw_data")
     with pytest.raises(AutocastError) as err:
@@ -143,7 +143,7 @@ def test_the_input_checks_take_what_the_loader_left_as_checked(tmp_path, worker_
     model.graph.initializer.append(helper.make_tensor("small", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0]))
     path = saved(tmp_path, model)
     ready = prepared_by_worker(path)
-    loaded = load_model(path, load_external=False, leave_in_file=True, prepared=lambda: ready)
+    loaded = load_model(path, load_external=False, parse=in_file.parser(lambda: ready))
     assert loaded.left_in_file is not None and loaded.left_in_file.ordinals == {0, 1, 2}
     seen = []
     real = sanity._plainly_sound
@@ -169,7 +169,7 @@ def test_the_screen_takes_what_the_loader_checked_and_checks_the_rest(tmp_path, 
             monkeypatch.setattr(screen_work, "_fp32_payloads", swapped)
         screen = WeightScreen.start(path, min_bytes=0)
         monkeypatch.setattr(screen_work, "_fp32_payloads", real)
-        loaded = load_model(path, load_external=False, leave_in_file=True, prepared=screen.encoding)
+        loaded = load_model(path, load_external=False, parse=in_file.parser(screen.encoding))
         assert loaded.left_in_file is not None and len(loaded.left_in_file) == 3
         screened = screen.results(loaded.model, left_in_file=loaded.left_in_file)
         if swap:

@@ -24,11 +24,11 @@ from helpers import parse, randn
 from onnx import TensorProto, helper, numpy_helper
 from test_fast_paths import model_of, weights_at_the_edges
 
-from autocast_onnx import screen_work
 from autocast_onnx.errors import InternalCheckError
+from autocast_onnx.fast import screen as screen_module
+from autocast_onnx.fast import screen_work
+from autocast_onnx.fast.screen import WeightScreen
 from autocast_onnx.pipeline import convert_file
-from autocast_onnx.plan import screen as screen_module
-from autocast_onnx.plan.screen import WeightScreen
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(

@@ -31,11 +31,11 @@ from onnx import TensorProto, helper, numpy_helper
 from wire_reencode import Variations, reencode
 from wire_reencode import varint as encode_varint
 
-from autocast_onnx import screen_work, wire
 from autocast_onnx.cli.main import main as cli_main
 from autocast_onnx.errors import AutocastError
+from autocast_onnx.fast import in_file, screen_work, wire
+from autocast_onnx.fast.screen import WeightScreen
 from autocast_onnx.io import load_model
-from autocast_onnx.plan.screen import WeightScreen
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the worker and payloads left in the file are Linux-only"
@@ -117,7 +117,7 @@ def test_a_long_initializer_key_in_process(tmp_path):
     and numbered each initializer after it one too low: the loader mapped each payload it left
     in the file to the tensor before its own, and read w3's bytes back into w2, w4's into w3."""
     source, truth = long_key_model(tmp_path)
-    loaded = load_model(source, load_external=False, leave_in_file=True)
+    loaded = load_model(source, load_external=False, parse=in_file.parser())
     if loaded.left_in_file is not None:
         loaded.left_in_file.inline()
     assert_same_weights(loaded.model, truth)
@@ -154,7 +154,7 @@ def test_a_long_initializer_key_through_the_workers_walk(tmp_path, worker_for_sm
     source, truth = long_key_model(tmp_path)
     screen = WeightScreen.start(source, min_bytes=0)
     assert screen is not None
-    loaded = load_model(source, load_external=False, leave_in_file=True, prepared=screen.encoding)
+    loaded = load_model(source, load_external=False, parse=in_file.parser(screen.encoding))
     screened = screen.results(loaded.model)
     if loaded.left_in_file is not None:
         loaded.left_in_file.inline()
@@ -197,9 +197,9 @@ def loads_like_protobuf(tmp_path: Path, data: bytes) -> onnx.ModelProto | None:
         whole = onnx.ModelProto.FromString(data)
     except DecodeError:
         with pytest.raises(AutocastError, match="protobuf parse failed"):
-            load_model(source, load_external=False, leave_in_file=True)
+            load_model(source, load_external=False, parse=in_file.parser())
         return None
-    loaded = load_model(source, load_external=False, leave_in_file=True)
+    loaded = load_model(source, load_external=False, parse=in_file.parser())
     if loaded.left_in_file is not None:
         loaded.left_in_file.inline()
     assert loaded.model == whole
@@ -319,7 +319,7 @@ def test_a_misnumbering_walk_is_caught_by_the_loader(tmp_path, monkeypatch):
     onnx.save(chain(), source)
     truth = onnx.load(source)
     monkeypatch.setattr(wire, "initializers", misnumbering(wire.initializers))
-    loaded = load_model(source, load_external=False, leave_in_file=True)
+    loaded = load_model(source, load_external=False, parse=in_file.parser())
     assert loaded.left_in_file is None  # parsed whole
     assert loaded.model == truth
 
@@ -334,7 +334,7 @@ def test_a_misnumbering_worker_is_caught_by_the_loader_and_the_screen(tmp_path, 
     screen = WeightScreen.start(source, min_bytes=0)  # forked with the misnumbering walk
     monkeypatch.setattr(wire, "initializers", real)
     assert screen is not None
-    loaded = load_model(source, load_external=False, leave_in_file=True, prepared=screen.encoding)
+    loaded = load_model(source, load_external=False, parse=in_file.parser(screen.encoding))
     assert loaded.left_in_file is None and loaded.model == truth  # the worker's rows did not fit: parsed whole
     assert screen.results(loaded.model) is None
 
@@ -356,7 +356,7 @@ def test_a_worker_encoding_whose_rows_do_not_fit_is_not_used(tmp_path, worker_fo
         assert rows[0][3] == b"w1"
         rows = [change(rows[0]), *rows[1:]]
         ready = (encoding, rows, seen)
-        loaded = load_model(source, load_external=False, leave_in_file=True, prepared=lambda ready=ready: ready)
+        loaded = load_model(source, load_external=False, parse=in_file.parser(lambda ready=ready: ready))
         assert loaded.left_in_file is None and loaded.model == truth
 
 
@@ -379,7 +379,7 @@ def test_a_screen_that_converted_other_bytes_is_not_used(tmp_path, worker_for_sm
     screen = WeightScreen.start(source, min_bytes=0)
     monkeypatch.setattr(screen_work, "_fp32_payloads", real)
     if where == "left-in-file":
-        loaded = load_model(source, load_external=False, leave_in_file=True, prepared=screen.encoding)
+        loaded = load_model(source, load_external=False, parse=in_file.parser(screen.encoding))
         assert loaded.left_in_file is not None and len(loaded.left_in_file) == 4
         model = loaded.model
     else:

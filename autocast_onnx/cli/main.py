@@ -260,20 +260,14 @@ def _setup(config, verbose):
     return load_settings(config=config)
 
 
-def _plan_from(settings, kw, keep_io: bool = True):
+def _plan_from(settings, kw):
+    """The command's PlanOptions, built once from the configuration and its flags: each planning
+    option's flag is read by the click name PlanOptions declares for it (plan/options.py); one the
+    command does not have reads as not given."""
     from ..options import plan_options
+    from ..plan.options import cli_name, planning_fields
 
-    return plan_options(
-        settings,
-        precision=kw.get("precision"),
-        rules=kw.get("rules", ()),
-        keep_io_types=kw.get("keep_io_types") if keep_io else None,
-        exclude_ops=kw.get("exclude_op", ()),
-        exclude_nodes=kw.get("exclude_node", ()),
-        include_nodes=kw.get("include_node", ()),
-        low_precision_io=kw.get("low_precision_io") if keep_io else None,
-        strict=kw.get("strict") or None,
-    )
+    return plan_options(settings, **{option.name: kw.get(cli_name(option)) for option in planning_fields()})
 
 
 def _given(ctx, names) -> list[str]:
@@ -305,25 +299,37 @@ def _refuse_generation_with_inputs(ctx, kw) -> None:
         )
 
 
-def validation_options(f):
-    """Options shared by `validate`, `convert --validate` and `check`."""
-    return _stack(
-        [
-            click.option("--inputs", type=PATH, help="An .npz file (one batch) or a folder of .npz files."),
-            click.option(
-                "--dim",
-                "dims",
-                multiple=True,
-                type=TEXT,
-                help="Value of a symbolic dimension, NAME=VALUE (repeatable).",
-            ),
-            click.option(
-                "--input-range",
-                "ranges",
-                multiple=True,
-                type=TEXT,
-                help="Range of generated values, NAME=LO:HI (repeatable).",
-            ),
+def input_options_group(batches: bool = True, inputs_help: str = "An .npz file (one batch) or a folder of .npz files."):
+    """Where a run's inputs come from: --inputs, or batches generated from --dim, --input-range and
+    --seed (and --batches of them). Shared by validate, convert --validate/--target, check and
+    diagnose (one batch: no --batches)."""
+    options = [
+        click.option("--inputs", type=PATH, help=inputs_help),
+        click.option(
+            "--dim",
+            "dims",
+            multiple=True,
+            type=TEXT,
+            help="Value of a symbolic dimension, NAME=VALUE (repeatable).",
+        ),
+        click.option(
+            "--input-range",
+            "ranges",
+            multiple=True,
+            type=TEXT,
+            help="Range of generated values, NAME=LO:HI (repeatable).",
+        ),
+        click.option(
+            "--seed",
+            type=click.IntRange(0, 2**32 - 1),
+            default=0,
+            show_default=True,
+            help="Seed for generated inputs (0 to 2**32-1).",
+        ),
+    ]
+    if batches:
+        options.insert(
+            3,
             click.option(
                 "--batches",
                 type=click.IntRange(1, MAX_BATCHES),
@@ -331,13 +337,15 @@ def validation_options(f):
                 show_default=True,
                 help="Generated batches when no --inputs.",
             ),
-            click.option(
-                "--seed",
-                type=click.IntRange(0, 2**32 - 1),
-                default=0,
-                show_default=True,
-                help="Seed for generated inputs (0 to 2**32-1).",
-            ),
+        )
+    return _stack(options)
+
+
+def validation_options(f):
+    """Options shared by `validate`, `convert --validate` and `check`."""
+    return _stack(
+        [
+            input_options_group(),
             click.option(
                 "--device",
                 type=click.Choice(["auto", "cpu", "cuda"]),
@@ -614,17 +622,8 @@ def convert(
         verbose=verbose,
         kw=kw,
     )
-    early = _starts_early(call)
-    if early:  # the worker's walk of the file runs while this process imports (worker.py)
-        from .. import worker
-
-        worker.start_early(model)
     call.to_stderr = _to_stdout(plan_out, call.report_json, call.report_html)  # stdout holds the report alone
-    try:
-        passed = run_guarded(functools.partial(_convert_body, call), doing="converting", subject=model)
-    finally:
-        if early:  # not taken over (the configuration chose bf16, the input was refused...)
-            worker.discard_early()
+    passed = run_guarded(functools.partial(_convert_body, call), doing="converting", subject=model)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
 
 
@@ -663,18 +662,6 @@ class _ConvertCall:
             click.echo(text, err=self.to_stderr)
 
 
-def _starts_early(call: _ConvertCall) -> bool:
-    """Whether the worker may start walking the model file before this process imports the
-    pipeline: a plain fp16 conversion of a file, with nothing that plans on data."""
-    return (
-        call.plan_file is None
-        and call.kw.get("precision") in (None, "fp16")
-        and call.external_data is not True
-        and not (call.run_validate or call.targets or call.calibration_data)
-        and os.path.isfile(call.model)
-    )
-
-
 def _convert_body(call: _ConvertCall, written) -> bool:
     """convert, under run_guarded: check every option and output, plan (maybe on data), convert,
     print the summary, then validate if asked. True when every threshold passed."""
@@ -696,7 +683,7 @@ def _convert_body(call: _ConvertCall, written) -> bool:
         )
         return _convert_folder(call.model, call.output, plan, call.check, call.loss_scale, call.echo)
     replay = _replay_plan(call)
-    out = _choose_output(call, replay.target.value if replay is not None else plan.precision.value)
+    out = _choose_output(call, replay.target.value if replay is not None else plan.target.value)
     options = validate_options(settings, **call.kw)  # refuse bad validation flags before any work
     goal = None
     if call.targets:
@@ -733,20 +720,14 @@ def _replay_plan(call: _ConvertCall):
     if call.plan_file is None:
         return None
     from ..plan import PrecisionPlan
+    from ..plan.options import cli_name, planning_fields
 
+    # every planning option PlanOptions declares as refused or compared beside a replayed plan
+    # (plan/options.py), and what plans on data
+    planning = [cli_name(option) for option in planning_fields() if option.metadata["replay"] != "allowed"]
     _refuse_unused(
         call.ctx,
-        (
-            "precision",
-            "rules",
-            "exclude_op",
-            "exclude_node",
-            "include_node",
-            "keep_io_types",
-            "low_precision_io",
-            "calibration_data",
-            "targets",
-        ),
+        (*planning, "calibration_data", "targets"),
         "with --plan: the plan decides every node",
         "edit the plan's node precisions instead",
     )
@@ -835,7 +816,7 @@ def _run_conversion(call: _ConvertCall, out, replay, plan, measured):
     planning = (
         {"plan": replay}
         if replay is not None
-        else {"calibration": measured.calibration, "force_fp32": measured.force_fp32, **plan.convert_kwargs()}
+        else {"calibration": measured.calibration, "force_fp32": measured.force_fp32, "options": plan}
     )
     result = convert_file(
         call.model,
@@ -895,8 +876,8 @@ def _convert_folder(model, output, plan, check, loss_scale, echo) -> bool:
     from ..report import conversion_summary
     from ..training.artifacts import MANIFEST, convert_artifacts, default_output_dir
 
-    out_dir = Path(output) if output is not None else default_output_dir(Path(model), plan.precision.value)
-    result = convert_artifacts(model, out_dir, check=check, loss_scale=loss_scale, hold=True, **plan.convert_kwargs())
+    out_dir = Path(output) if output is not None else default_output_dir(Path(model), plan.target.value)
+    result = convert_artifacts(model, out_dir, check=check, loss_scale=loss_scale, hold=True, options=plan)
     try:
         for name, converted in result.results.items():
             echo(conversion_summary(converted, Path(model) / name, out_dir / name))
@@ -1018,18 +999,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
 @cli.command()
 @click.argument("reference", type=PATH)
 @click.argument("converted", type=PATH)
-@click.option("--inputs", type=PATH, help="An .npz file (or a folder of them; the first batch is used).")
-@click.option("--dim", "dims", multiple=True, type=TEXT, help="Value of a symbolic dimension, NAME=VALUE (repeatable).")
-@click.option(
-    "--input-range", "ranges", multiple=True, type=TEXT, help="Range of generated values, NAME=LO:HI (repeatable)."
-)
-@click.option(
-    "--seed",
-    type=click.IntRange(0, 2**32 - 1),
-    default=0,
-    show_default=True,
-    help="Seed for generated inputs (0 to 2**32-1).",
-)
+@input_options_group(batches=False, inputs_help="An .npz file (or a folder of them; the first batch is used).")
 @click.option(
     "--plan",
     "plan_file",
@@ -1055,7 +1025,6 @@ def diagnose(ctx, reference, converted, inputs, dims, ranges, seed, plan_file, t
 
     def body(written):
         from ..io import check_outputs
-        from ..report.diagnose import diagnose_html, diagnose_text
         from ..validate.diagnose import diagnose_files
         from ..validate.inputs import parse_assignments, parse_ranges
 
@@ -1079,11 +1048,11 @@ def diagnose(ctx, reference, converted, inputs, dims, ranges, seed, plan_file, t
             top=top,
         )
         if not quiet:
-            click.echo(diagnose_text(report), err=_to_stdout(report_json, report_html))
+            click.echo(report.text(), err=_to_stdout(report_json, report_html))
         if report_json is not None:
-            _write_or_echo(json.dumps(report, indent=1), report_json)
+            _write_or_echo(json.dumps(report.to_dict(), indent=1), report_json)
         if report_html is not None:
-            _write_or_echo(diagnose_html(report), report_html)
+            _write_or_echo(report.html(), report_html)
         return True
 
     run_guarded(body, doing="diagnosing", subject=f"{converted} against {reference}")
@@ -1218,7 +1187,7 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
         from ..options import lint_options
 
         settings, config_file = _setup(config, verbose)
-        plan = _plan_from(settings, kw, keep_io=False)
+        plan = _plan_from(settings, kw)
         options = lint_options(
             settings,
             select=select,
@@ -1385,7 +1354,7 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
         plan = _plan_from(settings, kw)
         measured = plan_on_data(model, plan, calibration_data=calibration_data)
         # only the plan is read: no rewrite
-        planned = plan_model(model, calibration=measured.calibration, **plan.convert_kwargs())
+        planned = plan_model(model, calibration=measured.calibration, options=plan)
         entries = select(planned.plan)
         if len(entries) > 1:
             click.echo(f"{len(entries)} nodes match")

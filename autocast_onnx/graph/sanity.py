@@ -46,8 +46,8 @@ from onnx import AttributeProto, TensorProto
 from ..catalog.loader import normalize_domain
 from ..errors import AutocastError
 from ..io import (
+    LeftInFile,
     LoadedModel,
-    PayloadsInFile,
     external_location,
     load_external_data,
     load_external_tensor,
@@ -138,7 +138,7 @@ def check_input(
     where: str = "<model>",
     base_dir: Path | None = None,
     onnx_checker: bool = True,
-    left_in_file: PayloadsInFile | None = None,
+    left_in_file: LeftInFile | None = None,
 ) -> None:
     """Refuse a malformed model (AutocastError naming what is wrong and where). `base_dir` is the
     model's folder (None: a model built in memory), which external data must stay inside.
@@ -146,7 +146,7 @@ def check_input(
     `onnx_checker=False` leaves out onnx.checker (1.3 us a node) for a conversion whose output
     it checks anyway: a node the conversion leaves malformed fails there, and the conversion
     then blames the input (blame_input). The own checks, which find what would crash or be
-    converted wrongly, always run. `left_in_file` (the loader's, io.load_model(leave_in_file=True),
+    converted wrongly, always run. `left_in_file` (the loader's, io.load_model(parse=...), fast/in_file.py,
     for `model` as loaded) names the initializers whose payloads the loader left in the model's
     file after checking each against the parse: they are not checked twice (check_initializers)."""
     try:

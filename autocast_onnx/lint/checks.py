@@ -108,21 +108,24 @@ class LintContext:
         if self.mode == "actual":
             return None
         if self._plan is None:
-            from ..pipeline import plan_model
+            from dataclasses import replace
 
-            precision = "fp16" if self.low == FLOAT16 else "bf16"
+            from ..pipeline import plan_model
+            from ..plan.options import PlanOptions
+            from ..plan.vocab import Precision
+
+            precision = Precision.FP16 if self.low == FLOAT16 else Precision.BF16
             try:
-                selection = (
-                    {}
-                    if self.plan_options is None
-                    else {
-                        "keep_io_types": self.plan_options.keep_io_types,
-                        "exclude_ops": self.plan_options.exclude_ops,
-                        "exclude_nodes": self.plan_options.exclude_nodes,
-                        "include_nodes": self.plan_options.include_nodes,
-                    }
+                # the conversion's own plan options, with the precision and rule files this lint
+                # judges by; the model's inputs and outputs and --strict are left out of it
+                options = replace(
+                    self.plan_options or PlanOptions(),
+                    precision=precision,
+                    rules=tuple(self.rules),
+                    low_precision_io=None,
+                    strict=False,
                 )
-                self._plan = plan_model(self.model, precision=precision, rules=self.rules, **selection).plan.precisions
+                self._plan = plan_model(self.model, options=options).plan.precisions
             except AutocastError:  # e.g. an opset too old for bf16: nothing would be converted
                 self._plan = []
         if node.id >= len(self._plan):

@@ -103,8 +103,7 @@ def classify(
     force_fp32=None,
     output_head: bool = True,
     macs: dict[str, int | None] | None = None,
-    payloads: dict | None = None,
-    screened: dict | None = None,
+    converted: dict | None = None,
 ) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
@@ -118,14 +117,15 @@ def classify(
     `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it).
     With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
     graphs), the output heads that hold a small share of the `macs` (first output of each
-    MatMul/Gemm/Conv/ConvTranspose -> multiply-accumulates, from report.cost.macs_of) are
+    MatMul/Gemm/Conv/ConvTranspose -> multiply-accumulates, from graph.shapes.macs_of) are
     seeded DENY before pass 3, which may override them.
 
-    `payloads` (a dict, fp16 targets): the data rules screen fp32 initializers by converting them,
-    and leave the fp16 bytes there (id(TensorProto) -> memoryview) for the rewrite to store
-    instead of converting again. Only for models held in memory: it keeps the converted weights
-    until the rewrite takes them. `screened` (from plan.screen.WeightScreen: main-graph
-    initializer name -> (fp16 bytes, lost range)) is that screen done already, by a worker."""
+    `converted` (fp16 targets: id(TensorProto) -> fp16 bytes) is a plain cache of converted fp32
+    initializers: the data rules screen fp32 initializers by converting them, and leave the fp16
+    bytes there for the rewrite to store instead of converting again. An entry present before
+    classification is a weight converted already and found to lose nothing (the caller's weight
+    screen fills it so): its data rules are passed. Only for models held in memory: it keeps the
+    converted weights until the rewrite takes them."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))
     _assign_categories(index, rules, result)
@@ -135,7 +135,7 @@ def classify(
     _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
-    pending = _apply_data_rules(planned, target, rules.thresholds, result, payloads, screened)
+    pending = _apply_data_rules(planned, target, rules.thresholds, result, converted)
     _propagate_range(result, pending, index, target, rules.thresholds)
     return result
 
@@ -488,9 +488,7 @@ def _apply_calibration(index, planned, ranges, target: Precision, thresholds, re
     log.debug("classify pass 4 (calibration): %d nodes kept fp32 by measured ranges", count)
 
 
-def _apply_data_rules(
-    planned, target: Precision, thresholds, result: Classification, payloads=None, screened=None
-) -> list:
+def _apply_data_rules(planned, target: Precision, thresholds, result: Classification, converted=None) -> list:
     """Pass 5: constants a node would convert (fp32 initializers and Constant outputs at a FOLLOW
     port) go through the data rules in one vectorised batch. Returns the (node, value) pairs
     checked, for the propagation through the ops that pass them on.
@@ -516,7 +514,7 @@ def _apply_data_rules(
     target_type = target.elem_type
     if target_type is None:
         raise InternalCheckError(f"classify: target {target} has no element type")
-    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds, payloads, screened)
+    verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds, converted)
     count = 0
     for node, value in pending:
         verdict = verdicts.get(id(value))
@@ -755,32 +753,22 @@ def constant_array(value: Value):
     return None
 
 
-def _check_constants(values, target: int, thresholds, payloads: dict | None = None, screened=None) -> dict:
+def _check_constants(values, target: int, thresholds, converted: dict | None = None) -> dict:
     """Data-rule verdicts for fp32 constants, keyed by id(value); values that pass are absent.
     Initializers stored as raw bytes are screened in one vectorised pass over all of them, and
-    only the suspicious ones get the exact verdict. With `payloads` (fp16 target) the screen is
-    the conversion itself: a tensor is suspicious when some value became inf or NaN (overflow,
-    or was not finite), landed on 65504 (no headroom: hazards.py) or became zero from nonzero
-    (flush), and its fp16 bytes are kept in
-    `payloads` under id(TensorProto) for the rewrite. With `screened` (the same screen, done by
-    plan.screen's worker for the main graph's initializers) those tensors are not read at all,
-    unless the screen found them suspicious."""
+    only the suspicious ones get the exact verdict. With `converted` (fp16 target: the cache of
+    classify) the screen is the conversion itself: a tensor is suspicious when some value became
+    inf or NaN (overflow, or was not finite), landed on 65504 (no headroom: hazards.py) or became
+    zero from nonzero (flush), and its fp16 bytes are kept in `converted` under id(TensorProto)
+    for the rewrite. A tensor already in `converted` was converted and found to lose nothing: it
+    is not read at all."""
     out = {}
     sizes_in, owners = [], []
-    if payloads is None or target != FLOAT16:
-        screened = None
+    payloads = converted if target == FLOAT16 else None
     for value in values:
         tensor = value.initializer
-        if screened is not None and payloads is not None and tensor is not None and value.scope.parent is None:
-            done = screened.get(value.name)
-            if done is not None:
-                payloads[id(tensor)] = done[0]
-                if done[1]:
-                    verdict = _verdict(value, np.frombuffer(tensor_bytes(tensor, value.scope.base_dir), dtype="<f4"),
-                                       target, thresholds)  # fmt: skip
-                    if verdict:
-                        out[id(value)] = verdict
-                continue
+        if payloads is not None and tensor is not None and id(tensor) in payloads:
+            continue
         if tensor is not None and (tensor.HasField("raw_data") or is_external(tensor)):
             size = tensor_nbytes(tensor)
             if size:

@@ -45,7 +45,10 @@ def summary_dict(result) -> dict:
         "clamped_values": result.stats.clamped_values,
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
         "training": plan.training,
-        "cost": conversion_cost(result),
+        # the nodes only: reading result.model would give every held payload to its tensor
+        "cost": conversion_cost(
+            result.shapes, result.macs, result.nodes, result.stats.cast_outputs, result.plan.precisions
+        ),
     }
 
 

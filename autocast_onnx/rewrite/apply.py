@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from onnx import AttributeProto, SparseTensorProto, TensorProto, helper, numpy_helper
@@ -96,8 +97,21 @@ class _Edit:
             self.head.setdefault(value.scope.id, []).append(proto)
 
 
+class PayloadSink(Protocol):
+    """Where converted payloads may go instead of into their tensors' raw_data: `put` takes the
+    payload as the data of `tensor`, a tensor of the model converted in place, and `put_new` as
+    the data of a new tensor the rewrite adds to the model later (protobuf copies it in then);
+    each says whether it took the payload (False: the caller stores it as raw_data). The output's
+    external-data file (io.PayloadSpill) and the payloads a save in one piece splices in
+    (fast/splice.py HeldPayloads) are sinks."""
+
+    def put(self, tensor: TensorProto, payload) -> bool: ...
+
+    def put_new(self, tensor: TensorProto, payload) -> bool: ...
+
+
 def apply_plan(
-    index: GraphIndex, plan: PrecisionPlan, spill=None, payloads: dict | None = None, held=None
+    index: GraphIndex, plan: PrecisionPlan, *, sink: PayloadSink | None = None, converted: dict | None = None
 ) -> ApplyStats:
     """Edit the indexed model so that every node computes in its planned precision. The plan is
     the only input besides the model: its precisions and port roles say what each tensor's
@@ -113,12 +127,11 @@ def apply_plan(
       6. `_declare_types`: value_info, and the model's inputs/outputs when they change type;
       7. `write_nodes`: node lists written back in order with the new casts in place.
 
-    With `spill` (io.PayloadSpill) the converted payloads go to the output's external-data file
-    as they are produced instead of staying in memory. With `held` (splice.HeldPayloads, for a
-    save in one piece) the payloads of initializers converted in place stay in the buffers they
-    were converted into, and the save splices them into the encoding. `payloads`
-    (id(TensorProto) -> fp16 bytes, left by classification's data rules) are stored as they are
-    instead of converting again."""
+    With a `sink` the converted payloads go there as they are produced (PayloadSink: the
+    output's external-data file, or held for a save in one piece, which splices them into the
+    encoding) instead of into their tensors. `converted` (id(TensorProto) -> fp16 bytes:
+    classify's cache) holds payloads converted already, stored as they are instead of converting
+    again."""
     stats = ApplyStats()
     node_type = [_ELEM_TYPE[p] for p in plan.precisions]
     edit = _Edit(index, plan, node_type, stats, Names(index))
@@ -126,8 +139,8 @@ def apply_plan(
     _low_precision_inputs(edit)
     _insert_casts(edit)
     check_container_elements(index.nodes, edit.final_type)
-    _run_conversions(edit.jobs, stats, spill, payloads, held)
-    _run_conversions(edit.sparse_jobs, stats, None, payloads)  # stored in their tensors, never spilled
+    _run_conversions(edit.jobs, stats, sink, converted)
+    _run_conversions(edit.sparse_jobs, stats, None, converted)  # stored in their tensors, never in a sink
     _retarget_attributes(edit)
     _declare_types(edit)
     for scope in index.scopes:
@@ -430,7 +443,7 @@ def _new_copy(sparse: SparseTensorProto | None) -> tuple:
     return holder, holder.values
 
 
-def _run_conversions(jobs, stats, spill=None, payloads=None, held=None) -> None:
+def _run_conversions(jobs, stats, sink: PayloadSink | None = None, converted: dict | None = None) -> None:
     """Convert initializers. The common case (fp32 to fp16, no clamping) takes the payload the
     data rules already converted, or runs vectorised over chunks of tensors; the rest one by one.
     Sources stored as external data are read a chunk at a time, so only the converted payloads
@@ -441,9 +454,9 @@ def _run_conversions(jobs, stats, spill=None, payloads=None, held=None) -> None:
         if source.data_type != FLOAT or j[2] != FLOAT16 or j[3]:
             rest.append(j)
             continue
-        done = payloads.pop(id(source), None) if payloads else None
+        done = converted.pop(id(source), None) if converted else None
         if done is not None:
-            _store(source, j[1], FLOAT16, done, stats, 2 * len(done), spill, held)
+            _store(source, j[1], FLOAT16, done, stats, 2 * len(done), sink)
         elif source.HasField("raw_data") or is_external(source):
             fast.append(j)
         else:
@@ -459,19 +472,18 @@ def _run_conversions(jobs, stats, spill=None, payloads=None, held=None) -> None:
             for k in group:
                 n = sizes[k] // 2
                 source, copy, dst, _, _ = fast[k]
-                _store(source, copy, dst, view[offset : offset + n], stats, sizes[k], spill, held)
+                _store(source, copy, dst, view[offset : offset + n], stats, sizes[k], sink)
                 offset += n
     for source, copy, dst, clamp, base_dir in rest:
         array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
         stats.clamped_values += clamped
-        _store(source, copy, dst, raw, stats, array.nbytes, spill, held)
+        _store(source, copy, dst, raw, stats, array.nbytes, sink)
 
 
-def _store(source, copy, dst, payload, stats, source_bytes, spill=None, held=None) -> None:
-    """Give the converted `payload` (bytes or a memoryview of the chunk) to its tensor: to the
-    output's external-data file when spilling, else to `held` (a tensor converted in place, for
-    a save in one piece), else as raw_data."""
+def _store(source, copy, dst, payload, stats, source_bytes, sink: PayloadSink | None = None) -> None:
+    """Give the converted `payload` (bytes or a memoryview of the chunk) to its tensor (`copy`,
+    a new tensor, when the source stays as it is): to the sink if it takes it, else as raw_data."""
     if copy is None:
         stats.initializer_bytes_delta += len(payload) - source_bytes
         for fld in ("float_data", "int32_data", "double_data"):
@@ -480,13 +492,12 @@ def _store(source, copy, dst, payload, stats, source_bytes, spill=None, held=Non
             del source.external_data[:]
             source.ClearField("data_location")
         source.data_type = dst
-        taken = (spill is not None and spill.put(source, payload)) or (held is not None and held.put(source, payload))
-        if not taken:
+        if sink is None or not sink.put(source, payload):
             source.raw_data = bytes(payload)
         stats.initializers_converted += 1
     else:
         copy.data_type = dst
-        if spill is None or not spill.put(copy, payload):
+        if sink is None or not sink.put_new(copy, payload):
             copy.raw_data = bytes(payload)
         stats.initializer_copies += 1
         stats.initializer_bytes_delta += len(payload)

@@ -23,7 +23,7 @@ from ..catalog.loader import normalize_domain
 from ..dtypes import MIXABLE, dtype_name
 from ..errors import InternalCheckError
 from ..graph import NONTENSOR
-from ..io import Pieces, all_graphs
+from ..io import all_graphs
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
 _ORT_DOMAIN = "com.microsoft"
@@ -31,20 +31,10 @@ _ORT_DOMAIN = "com.microsoft"
 _INPUT_TOLERATED = re.compile(r"Field 'shape' of 'type' is required|Field 'name' of 'graph'")
 
 
-def check_result(model: onnx.ModelProto | bytes | Pieces, full: bool = True, stand_in: bytes | None = None) -> None:
-    """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes
-    (joined first when they come as io.Pieces). `stand_in` (splice.py: the same bytes with the
-    large converted weights as graph inputs, whose sizes were compared with their dims already)
-    is checked instead; a failure there is checked again on `model`, whose verdict and message
-    are the ones that count."""
-    if stand_in is not None:
-        try:
-            check_result(stand_in, full)
-            return
-        except InternalCheckError:
-            pass
-    if isinstance(model, Pieces):
-        model = bytes(model)
+def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
+    """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes;
+    a failure is an InternalCheckError (the conversion made a model the checker refuses) unless
+    the input was at fault (_check_again)."""
     if isinstance(model, onnx.ModelProto) and model.ByteSize() > CHECK_LIMIT:
         return  # checked from the saved file instead (see convert_file)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..errors import InternalCheckError
 from ..graph import GraphIndex
-from ..wire import encode_varint
+from ..varint import encode_varint
 
 
 class Names:

@@ -257,10 +257,12 @@ def convert_artifacts(
     in_dir, out_dir=None, *, check: str = "basic", loss_scale=None, hold: bool = False, **options
 ) -> ArtifactsResult:
     """Convert an artifacts folder into `out_dir` (default: IN_DIR.<precision> beside it). The
-    options are those of pipeline.convert (precision, rules, exclude_ops, ...); `loss_scale`
-    applies to training_model.onnx. `hold`: the earlier output stays renamed aside until the
-    caller calls `result.settle(keep)` (see process_folder)."""
+    options are those of pipeline.convert: the planning options as keywords (precision, rules,
+    exclude_ops, ...) or one PlanOptions as options=, made into one PlanOptions here for both
+    models; `loss_scale` applies to training_model.onnx. `hold`: the earlier output stays renamed
+    aside until the caller calls `result.settle(keep)` (see process_folder)."""
     from ..pipeline import convert_file
+    from ..plan.options import plan_options_in
 
     in_dir = Path(in_dir)
     for name in ("plan", "plan_out", "calibration", "force_fp32"):
@@ -270,12 +272,13 @@ def convert_artifacts(
                 str(in_dir),
                 "convert training_model.onnx on its own to use it",
             )
-    precision = options.get("precision") or "fp16"
+    planning, rest = plan_options_in(options, "convert_artifacts")
+    precision = planning.target.value
     out_dir = Path(out_dir) if out_dir is not None else default_output_dir(in_dir, precision)
 
     def convert_one(source: Path, target: Path) -> dict:
         extra = {"loss_scale": loss_scale} if source.name == TRAINING_MODEL else {}
-        converted = convert_file(source, target, check=check, **options, **extra)
+        converted = convert_file(source, target, check=check, options=planning, **rest, **extra)
         result.results[source.name] = converted
         return _converted_entry(converted)
 

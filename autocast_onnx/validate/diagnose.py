@@ -25,7 +25,9 @@ Memory stays bounded: tensors are captured GROUP at a time (as calibration does)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -424,12 +426,65 @@ def _report(errors: dict, outputs: list, tensor_error: dict, top: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class DiagnoseReport(Mapping):
+    """What `diagnose` found: per graph output its error and the nodes ranked by the error they
+    introduce (`outputs`), every node's errors (`nodes`), the depth profiles; also a read-only
+    mapping over the JSON report (`--report-json`), which `text()` and `html()` format as the
+    command line does."""
+
+    data: dict = field(repr=False)
+
+    @property
+    def outputs(self) -> dict:
+        """output name -> {"error": its relative error, "ranking": the top node names}."""
+        return self.data["outputs"]
+
+    @property
+    def nodes(self) -> list[dict]:
+        return self.data["nodes"]
+
+    def to_dict(self) -> dict:
+        return self.data
+
+    def text(self) -> str:
+        """The report as the CLI prints it."""
+        from ..report.diagnose import diagnose_text
+
+        return diagnose_text(self.data)
+
+    def html(self) -> str:
+        """The self-contained HTML page of `--report-html`."""
+        from ..report.diagnose import diagnose_html
+
+        return diagnose_html(self.data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        outs = "; ".join(
+            f"{name}: error {info['error']:.3g}" + (f", worst {info['ranking'][0]}" if info["ranking"] else "")
+            for name, info in self.outputs.items()
+        )
+        return (
+            f"DiagnoseReport({self.data.get('converted', '<converted>')} against "
+            f"{self.data.get('reference', '<reference>')}: {outs or 'no float output'}; {len(self.nodes)} node(s))"
+        )
+
+
 def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None, seed: int = 0, plan=None,
-                   top: int = 10) -> dict:  # fmt: skip
+                   top: int = 10) -> DiagnoseReport:  # fmt: skip
     """`autocast-onnx diagnose`: attribution of CONVERTED's error against REFERENCE (paths) on one
     batch: the first batch of `inputs` (an .npz file or folder), else one generated from `dims`,
     `ranges` and `seed` as validate does. `plan` (a plan file or PrecisionPlan of REFERENCE) gives
-    categories and reasons; without it they come from the default rules."""
+    categories and reasons; without it they come from the default rules. Returns a DiagnoseReport."""
     from ..graph.sanity import load_checked
     from ..pipeline import plan_model
     from ..plan import PrecisionPlan
@@ -453,4 +508,4 @@ def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None,
         reasons = plan.source or "plan"
     report = diagnose(ref, conv, batch=batch, plan=plan, top=top, where=str(converted))
     report.update(reference=str(reference), converted=str(converted), reasons_from=reasons)
-    return report
+    return DiagnoseReport(report)

@@ -33,7 +33,8 @@ def plan_on_data(
     """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
     of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
     nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
-    or batches generated from its dims, ranges, seed and batch count). The result's fields go to
+    or batches generated from its dims, ranges, seed and batch count). `plan_options` (a
+    PlanOptions) decides the plans the search tries. The result's fields go to
     `convert(..., calibration=, force_fp32=)`."""
     from ..options import plan_options as _plan_options
     from . import runner
@@ -73,7 +74,7 @@ def plan_on_data(
         out.force_fp32, out.search_log = search(
             source,
             batches,
-            dict(plan_options.convert_kwargs(), calibration=out.calibration),
+            {"options": plan_options, "calibration": out.calibration},  # pipeline.convert's keywords
             goal,
             device,
             progress,

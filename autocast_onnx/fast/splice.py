@@ -31,7 +31,7 @@ held tensors are inputs rather than initializers. The checker's verdict does not
 that: the values shape inference reads (shapes, axes, sizes, pads) are integer tensors, never
 converted and so never held, and a float weight of 1k+ elements is only ever typed and shaped.
 A failure found on the stand-in is confirmed on the whole file before it is reported
-(rewrite/checks.py).
+(check_with_stand_in).
 """
 
 from __future__ import annotations
@@ -39,12 +39,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 
 import onnx
 
+from ..dtypes import ITEMSIZE
+from ..errors import InternalCheckError
+from ..filesys import write_all
+from ..io import PiecesLike
 from . import wire
-from .dtypes import ITEMSIZE
-from .io import Pieces
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,11 @@ class HeldPayloads:
         tensor.ClearField("raw_data")
         self._held[id(tensor)] = (tensor, view if view.format == "B" and view.ndim == 1 else view.cast("B"))
         return True
+
+    def put_new(self, tensor: onnx.TensorProto, payload) -> bool:
+        """Nothing held for a tensor the rewrite adds to the model later (False): protobuf copies
+        it into the graph then, so the tensor held here would not be the model's."""
+        return False
 
     def inline(self) -> int:
         """Give every held payload to its tensor; returns how many. The model is whole again."""
@@ -134,6 +142,21 @@ class HeldPayloads:
             log.debug("splice: %s; serializing with the payloads in their tensors", exc)
         self.inline()
         return model.SerializeToString(), None
+
+
+def check_with_stand_in(check: Callable[[bytes], None], whole: bytes | PiecesLike, stand_in: bytes | None) -> None:
+    """Run the checker `check` on the stand-in when there is one (serialize_with_stand_in: the
+    same bytes with the held weights as graph inputs, whose sizes were compared with their dims
+    already), else on the `whole` bytes (joined first when they come as Pieces). A failure on
+    the stand-in (InternalCheckError) is checked again on the whole bytes, whose verdict and
+    message are the ones that count (module docstring: why the stand-in's verdict is the whole's)."""
+    if stand_in is not None:
+        try:
+            check(stand_in)
+            return
+        except InternalCheckError:
+            pass
+    check(whole if isinstance(whole, bytes) else bytes(whole))
 
 
 def _stand_in_inputs(model: onnx.ModelProto, order: list) -> list[bytes] | None:
@@ -238,3 +261,39 @@ def _splice(lean: bytes, first: bytes, nonce: bytes, order: list, inputs: list |
     stand.append(data[stand_copied:])
     stand[1] = bytes([wire.GRAPH_KEY]) + encode(graph_end - graph_start + stand_grown)
     return Pieces(pieces), b"".join(stand)
+
+
+class Pieces:
+    """A model's encoding as the buffers it is made of, in order (splice.py hands the save one):
+    written with a writev per IOV_MAX buffers, so the file's bytes are never joined in memory
+    (for 100 MB of weights, 100 MB of fresh pages and a copy saved). `bytes(pieces)` joins them
+    where whole bytes are needed after all."""
+
+    def __init__(self, parts: list):
+        self._parts = parts
+        self._size = sum(len(p) for p in parts)  # bytes or one-dimensional byte views
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self._parts)
+
+    def write_to(self, fd: int) -> None:
+        parts, batch = self._parts, _IOV_MAX
+        if not batch:  # no writev on this platform
+            for part in parts:
+                write_all(fd, part)
+            return
+        for start in range(0, len(parts), batch):
+            group = parts[start : start + batch]
+            written = os.writev(fd, group)
+            if written < sum(len(p) for p in group):  # a short write: the rest one buffer at a time
+                for part in group:
+                    view = memoryview(part)
+                    skip = min(written, len(view))
+                    written -= skip
+                    write_all(fd, view[skip:])
+
+
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "writev") else 0  # buffers per writev

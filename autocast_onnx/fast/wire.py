@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..varint import encode_varint as encode_varint  # re-exported: the walk writes keys and lengths
+
 GRAPH_KEY = 7 << 3 | 2  # ModelProto.graph
 INITIALIZER_KEY = 5 << 3 | 2  # GraphProto.initializer
 INPUT_KEY = 11 << 3 | 2  # GraphProto.input
@@ -114,23 +116,6 @@ def _int32(value: int) -> int:
     """An int32 field's value from its varint: the low 32 bits, signed."""
     value &= 0xFFFF_FFFF
     return value - (1 << 32) if value >> 31 else value
-
-
-_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
-
-
-def encode_varint(value: int) -> bytes:
-    """The varint encoding of a non-negative `value` (lengths, field keys)."""
-    if value < 0x80:
-        return _ONE_BYTE[value]
-    if value < 0x4000:
-        return bytes((value & 0x7F | 0x80, value >> 7))
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def skip(data, pos: int, wire: int) -> int:

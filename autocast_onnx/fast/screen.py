@@ -42,9 +42,10 @@ from collections.abc import Collection
 import numpy as np
 from onnx import TensorProto
 
-from .. import worker
 from ..errors import InternalCheckError
-from ..screen_work import _ROW_ITEMS  # the worker's half
+from ..filesys import identity, stat_identity
+from . import worker
+from .screen_work import _ROW_ITEMS  # the worker's half
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +70,13 @@ class WeightScreen:
 
     @classmethod
     def start(cls, path, min_bytes: int | None = None) -> WeightScreen | None:
-        """The worker for the model file at `path`: the one the command line forked before its
-        imports (worker.start_early) when it is for this file, else one forked now; None where
-        it cannot or would not pay (see worker.py). Called before the model is loaded: the
+        """The worker for the model file at `path`, forked now; None where it cannot or would
+        not pay (see worker.py). Called before the model is loaded: the
         worker walks the file while this process waits for nothing it does not need, and the
         fork copies no model memory that this process would then pay to write to (every page a
         fork shares is copied on its first write). The file's size bounds the fp32 payloads, so
         the shared buffers are sized without reading the tensors."""
-        handle = worker.take_early(path) if min_bytes is None else None
-        if handle is None:
-            handle = worker.fork(path, MIN_BYTES if min_bytes is None else min_bytes, MAX_PARENT_BYTES)
+        handle = worker.fork(path, MIN_BYTES if min_bytes is None else min_bytes, MAX_PARENT_BYTES)
         if handle is None:
             log.debug("weight screen: no worker (see worker.py), screening in process")
             return None
@@ -140,7 +138,7 @@ class WeightScreen:
         if names is None:
             names = [t.name for t in model.graph.initializer]
         decoded = _decode(message, names, buffer) if status == 0 and buffer is not None else None
-        if decoded is None or worker.identity(self._path) != self._seen:
+        if decoded is None or identity(self._path) != self._seen:
             log.debug("weight screen: the worker failed (status %d), screening in process", status)
             return None
         out, places = decoded
@@ -246,7 +244,7 @@ def _same_bytes(inits, places: list, path, seen: tuple) -> bool:
     except OSError:
         return False
     try:
-        if worker.stat_identity(os.fstat(fd)) != seen:
+        if stat_identity(os.fstat(fd)) != seen:
             return False
         for ordinal, offset, length in places:
             raw = inits[ordinal].raw_data

@@ -1,24 +1,24 @@
 """The worker a conversion forks before it loads the model file. It walks the file's protobuf
 encoding once (wire.py) for two stages:
 
-- the loader (io.load_model): the worker writes the file's encoding with the main graph's large
+- the loader (io.load_model with in_file.parser): the worker writes the file's encoding with the main graph's large
   fp32 payloads left in the file (wire.leaving_payloads) into memory both processes share, and
   lists those payloads; the main process parses that encoding instead of walking the file;
-- the weight screen (plan/screen.py; its worker half in screen_work.py): the worker converts the
+- the weight screen (screen.py; its worker half in screen_work.py): the worker converts the
   main graph's fp32 payloads to fp16 from the mapped file into shared memory and flags those that
   lost range.
 
-This module imports nothing beyond the standard library and wire.py, so the command line can
-fork the worker before it imports onnx and numpy (start_early: 0.14 s of imports during which
-the walk runs on the second core). The worker imports the screen's half (screen_work.py) itself,
-after the walk.
+This module imports nothing beyond the standard library and wire.py; the worker imports the
+screen's half (screen_work.py) itself, after the walk. (The command line once forked it before
+importing onnx and numpy, to walk beside those imports; measured side by side it bought nothing:
+docs/benchmarks.md.)
 
 What the worker writes on its pipe, in order: the loader's message (a header of two int64: the
 encoding's size in the shared `encoding` buffer, or -1 when the walk failed, and the number of
 rows; then a row of four int64 per payload left in the file: ordinal, offset, length and the
 length of the tensor's name; then the names, back to back), then the screen's message
-(plan/screen.py), then nothing more: it exits. The loader checks each row against its parse of
-the encoding (io._left_in_file) and the screen each of its own against the loaded model
+(screen.py), then nothing more: it exits. The loader checks each row against its parse of
+the encoding (in_file._left_in_file) and the screen each of its own against the loaded model
 (WeightScreen.results): a walk that disagrees with protobuf is never used.
 
 Forked only where it can pay: Linux, no other thread running (a fork copies only the calling
@@ -35,6 +35,7 @@ import threading
 from array import array
 from pathlib import Path
 
+from ..filesys import identity, write_all
 from . import wire
 
 MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
@@ -132,53 +133,6 @@ def _write_parts(buffer: mmap.mmap, parts: list) -> int:
     return sum(buffer.write(part) for part in parts)
 
 
-def write_all(fd: int, data) -> None:
-    """`data` (bytes-like) written whole to the file descriptor `fd`, whatever os.write takes."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-# ---- started by the command line, before the imports -------------------------------------------
-
-_early: Worker | None = None
-
-
-def start_early(path) -> None:
-    """Fork the worker for the model file at `path` now, before the conversion's modules are
-    imported; the conversion's weight screen takes it over (take_early) if it screens that file.
-    Called by the command line for a conversion that may screen (fp16, no plan, no forced
-    external data)."""
-    global _early
-    discard_early()
-    _early = fork(path)
-
-
-def take_early(path) -> Worker | None:
-    """The worker start_early forked, if it was forked for this file and the file has not
-    changed since; it is the caller's from now on. Any other is stopped."""
-    global _early
-    found, _early = _early, None
-    if found is None:
-        return None
-    try:
-        same = Path(path).resolve() == found.path.resolve() and identity(path) == found.seen
-    except OSError:
-        same = False
-    if same:
-        return found
-    stop(found)
-    return None
-
-
-def discard_early() -> None:
-    """Stop the worker start_early forked if nothing took it over."""
-    global _early
-    found, _early = _early, None
-    if found is not None:
-        stop(found)
-
-
 def stop(worker: Worker) -> None:
     """Kill and reap `worker` (its buffers go with the last reference to them)."""
     try:
@@ -190,19 +144,6 @@ def stop(worker: Worker) -> None:
     except OSError:
         pass
     os.waitpid(worker.pid, 0)
-
-
-def identity(path) -> tuple:
-    """The file at `path` as stat_identity sees it; () when it cannot be looked at."""
-    try:
-        return stat_identity(os.stat(path))
-    except OSError:
-        return ()
-
-
-def stat_identity(st: os.stat_result) -> tuple:
-    """What tells one state of a file from another: device, inode, size, modification time."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def resident_bytes() -> int:

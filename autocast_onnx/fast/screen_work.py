@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from ..hazards import fp16_lost
 from . import wire
-from .hazards import fp16_lost
 
 _GROUP_BYTES = 4 * 2**20  # fp32 bytes the worker converts and screens at a time (cache-sized)
 _ROW_ITEMS = 5  # the screen's message: ordinal, elements, lost, name length, payload offset
