@@ -42,30 +42,43 @@ def convert(
     batches: int = 1,
     seed: int = 0,
     device: str = "auto",
+    map_threshold=None,
+    compare_padded: bool = False,
     **options,
 ):
     """Convert a model (path or ModelProto) to mixed precision, as `autocast-onnx convert`.
 
     The other keywords are those of pipeline.convert: the planning options (PlanOptions' fields:
-    precision, rules, keep_io_types, exclude_ops, exclude_nodes, include_nodes,
+    precision, rules, keep_io_types, exclude_ops, include_ops, exclude_nodes, include_nodes,
     low_precision_io, strict; or one PlanOptions as options=), check, plan, loss_scale, ... With
     `calibration_data` (an .npz file or folder) the fp32 model runs on it first and nodes whose
     tensors leave the target range stay fp32; with `target` (e.g. "rtol=0.05" or
     ["cosine=0.9999", "top1=0.99"]) the accuracy search keeps the fewest nodes fp32 that meet it
-    on `inputs`, or on `batches` generated from `dims`, `ranges` and `seed`. Returns a
-    ConversionResult (its plan's `search` holds the search's log when there was one)."""
+    on `inputs`, or on `batches` generated from `dims`, `ranges` and `seed`, measured as validate
+    measures (`map_threshold` cuts a probability map's masks for target "iou=..."; padded positions
+    are left out unless `compare_padded`). Returns a ConversionResult (its plan's `search` holds
+    the search's log when there was one)."""
+    from .options import thresholds_from
     from .pipeline import convert as _convert
     from .plan.options import plan_options_in
     from .validate.core import ValidateOptions
 
     planning, rest = plan_options_in(options, "convert")
     if calibration_data is None and target is None:
-        given = [name for name, value in (("inputs", inputs), ("dims", dims), ("ranges", ranges)) if value]
+        unused = (("inputs", inputs), ("dims", dims), ("ranges", ranges), ("compare_padded", compare_padded))
+        given = [name for name, value in unused if value] + (["map_threshold"] if map_threshold is not None else [])
         if given:
             raise AutocastError(f"{given[0]}= has no effect without target=", None, "add target= or drop it")
         return _convert(model, options=planning, **rest)
     validation = ValidateOptions(
-        inputs=inputs, dims=dict(dims or {}), ranges=dict(ranges or {}), batches=batches, seed=seed, device=device
+        inputs=inputs,
+        dims=dict(dims or {}),
+        ranges=dict(ranges or {}),
+        batches=batches,
+        seed=seed,
+        device=device,
+        thresholds=thresholds_from({}, {"map_threshold": map_threshold}, keywords=True),
+        compare_padded=bool(compare_padded),
     )
     targets = [target] if isinstance(target, str) else list(target or ())
     measured = _measured(model, planning, calibration_data, targets, validation)
@@ -152,11 +165,15 @@ def check(
     rtol: float | None = None,
     min_cosine: float | None = None,
     min_top1: float | None = None,
+    min_iou: float | None = None,
+    map_threshold: float | None = None,
+    compare_padded: bool = False,
     class_outputs=(),
     generate: int = 16,
-    speed: bool = True,
+    speed: bool | None = None,
     iterations: int = 20,
     warmup: int = 3,
+    save_inputs=None,
     strict: bool = False,
     **planning,
 ):
@@ -180,8 +197,9 @@ def check(
     validation = {
         "inputs": inputs, "dims": dims, "ranges": ranges, "batches": batches, "seed": seed, "device": device,
         "numerics": numerics, "atol": atol, "rtol": rtol, "min_cosine": min_cosine, "min_top1": min_top1,
+        "min_iou": min_iou, "map_threshold": map_threshold, "compare_padded": compare_padded,
         "class_outputs": class_outputs, "generate": generate, "speed": speed, "iterations": iterations,
-        "warmup": warmup,
+        "warmup": warmup, "save_inputs": save_inputs,
     }  # fmt: skip
     _refuse_without_effect(validation, skip_validate)
     plan = plan_options(strict=strict, **planning)

@@ -4,9 +4,11 @@ keys are the settings) or a `pyproject.toml` that has a `[tool.autocast-onnx]` t
 folder `autocast-onnx.toml` comes first. `--config FILE` names one directly. Command-line flags
 override the file.
 
-Keys (hyphens or underscores): atol, rtol, min-cosine, min-top1 (validate thresholds);
+Keys (hyphens or underscores): atol, rtol, min-cosine, min-top1, min-iou, map-threshold (validate
+thresholds), outputs (a table per output name of its own thresholds), compare-padded; speed,
+iterations, warmup (timing: speed true/false, left out: on CUDA only), batches (generated batches);
 select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
-configuration file), precision, keep-io-types, exclude-op, exclude-node, include-node,
+configuration file), precision, keep-io-types, exclude-op, include-op, exclude-node, include-node,
 low-precision-io (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
 command reads the same file, so convert, explain, lint and check plan every node alike."""
 
@@ -20,11 +22,13 @@ from .errors import AutocastError
 from .patterns import shown
 from .plan.options import planning_fields
 
-VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
+VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1", "min_iou", "map_threshold")
+COMPARE_KEYS = ("outputs", "compare_padded")  # an output's own thresholds; compare padded positions too
+RUN_KEYS = ("speed", "iterations", "warmup", "batches")  # how validation runs: speed and generated batches
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
 # the planning options that have a key, as PlanOptions declares them (plan/options.py)
 PLAN_KEYS = tuple(f.metadata["key"] for f in planning_fields() if f.metadata["key"] is not None)
-ALL_KEYS = VALIDATE_KEYS + LINT_KEYS + PLAN_KEYS
+ALL_KEYS = VALIDATE_KEYS + COMPARE_KEYS + RUN_KEYS + LINT_KEYS + PLAN_KEYS
 
 
 def find_config(start: Path | None = None) -> tuple[Path, bool] | None:
@@ -91,6 +95,12 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
         except AutocastError as exc:
             raise AutocastError(exc.what, where, "fix the value") from None
         return float(value)
+    if norm in RUN_KEYS:
+        return _checked_run_key(norm, key, value, where)
+    if norm == "outputs":
+        return _checked_outputs(key, value, where)
+    if norm == "compare_padded" and not isinstance(value, bool):
+        raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")
     if norm in ("precision", "fail_on"):
         choices = ("fp16", "bf16") if norm == "precision" else SEVERITIES
         if not isinstance(value, str) or value not in choices:
@@ -110,10 +120,26 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
         raise AutocastError(
             f"{key} must be a list of non-empty strings, not {shown(value)}",
             where,
-            "e.g. " + LIST_EXAMPLES.get(norm, '["Softmax"]' if norm == "exclude_op" else '["^encoder/"]'),
+            "e.g. " + LIST_EXAMPLES.get(norm, '["Softmax"]' if norm.endswith("_op") else '["^encoder/"]'),
         )
     elif norm == "rules":
         return [str(path.parent / v) for v in value]
+    return value
+
+
+def _checked_run_key(norm: str, key: str, value, where: str):
+    """speed (true or false) or a whole number within the range its flag takes (options.COUNTS)."""
+    from .options import COUNTS
+
+    if norm == "speed":
+        if not isinstance(value, bool):
+            raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")
+        return value
+    _, low, high = COUNTS[norm]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise AutocastError(
+            f"{key} must be a whole number from {low} to {high}, not {shown(value)}", where, "fix the value"
+        )
     return value
 
 
@@ -131,3 +157,28 @@ def _check_suppress(key: str, value, where: str) -> None:
             where,
             "fix the entries",
         )
+
+
+def _checked_outputs(key: str, value, where: str) -> dict:
+    """`[outputs.NAME]` tables: output name -> {threshold: number}, the keys those of
+    metrics.PER_OUTPUT_KEYS (hyphens or underscores), each value range-checked."""
+    from .options import check_threshold
+    from .validate.metrics import PER_OUTPUT_KEYS
+
+    allowed = ", ".join(k.replace("_", "-") for k in PER_OUTPUT_KEYS)
+    example = f"[{key}.prob_map] min-iou = 0.98"
+    if not isinstance(value, dict) or not all(isinstance(own, dict) for own in value.values()):
+        raise AutocastError(f"{key} must hold one table per output name, not {shown(value)}", where, f"e.g. {example}")
+    out: dict = {}
+    for name, own in value.items():
+        out[name] = {}
+        for sub, number in own.items():
+            norm = sub.replace("-", "_")
+            if norm not in PER_OUTPUT_KEYS:
+                raise AutocastError(f"unknown key {shown(sub)} in {key}.{name}", where, "allowed: " + allowed)
+            try:
+                check_threshold(norm, number, sub, "fix the value", f"{key}.{name}.{sub}")
+            except AutocastError as exc:
+                raise AutocastError(exc.what, where, "fix the value") from None
+            out[name][norm] = float(number)
+    return out

@@ -742,6 +742,13 @@ class OutputSnapshot:
             if path not in self._before:
                 self._before[path] = _identity(path)
 
+    def keep(self, *paths) -> None:
+        """Stop tracking `paths`: a later discard leaves them (a converted model whose validation
+        could not run is kept)."""
+        for path in paths:
+            if path is not None and not is_stdout(path):
+                self._before.pop(Path(path), None)
+
     def discard(self) -> list[Path]:
         """Remove the regular files written since they were tracked; returns them."""
         removed = []

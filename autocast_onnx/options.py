@@ -26,7 +26,14 @@ from .plan.options import PlanOptions as PlanOptions  # declared beside the plan
 from .plan.options import plan_options as plan_options
 
 # Allowed values of each threshold (command line, configuration file and --target).
-THRESHOLD_BOUNDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0), "min_top1": (0.0, 1.0)}
+THRESHOLD_BOUNDS = {
+    "atol": (0.0, math.inf),
+    "rtol": (0.0, math.inf),
+    "min_cosine": (-1.0, 1.0),
+    "min_top1": (0.0, 1.0),
+    "min_iou": (0.0, 1.0),
+    "map_threshold": (0.0, 1.0),
+}
 SEED_MAX = 2**32 - 1  # numpy seeds are unsigned 32-bit
 
 
@@ -49,20 +56,9 @@ def validate_options(settings: dict | None = None, **flags):
     configuration, else the defaults."""
     from .validate.core import ValidateOptions
     from .validate.inputs import parse_assignments, parse_ranges
-    from .validate.metrics import Thresholds
 
     settings = settings or {}
-    thresholds = Thresholds()
-    for key in THRESHOLD_BOUNDS:
-        value = flags.get(key)
-        if value is None:
-            value = settings.get(key, getattr(thresholds, key))
-        if value is not None:
-            check_threshold(
-                key, value, "--" + key.replace("_", "-"), "fix the threshold (command line or [tool.autocast-onnx])"
-            )
-            value = float(value)
-        setattr(thresholds, key, value)
+    thresholds = thresholds_from(settings, flags)
     seed = flags.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise AutocastError(
@@ -70,20 +66,109 @@ def validate_options(settings: dict | None = None, **flags):
         )
     return ValidateOptions(
         inputs=flags.get("inputs"),
+        save_inputs=save_inputs_path(flags.get("save_inputs")),
         dims=parse_assignments(_assignments(flags.get("dims", ())), "dim"),
         ranges=parse_ranges(_assignments(flags.get("ranges", ()))),
         seed=seed,
         thresholds=thresholds,
-        speed=flags.get("speed", True),
+        speed=_speed(flags, settings),
         class_outputs=list(flags.get("class_outputs", ())),
         strict=bool(flags.get("strict") or settings.get("strict", False)),
-        batches=_count("batches", flags),
-        iterations=_count("iterations", flags),
-        warmup=_count("warmup", flags),
+        batches=_count("batches", flags, settings),
+        iterations=_count("iterations", flags, settings),
+        warmup=_count("warmup", flags, settings),
         generate=_count("generate", flags),
         device=_choice("device", flags),
         numerics=_choice("numerics", flags),
+        compare_padded=_flag("compare_padded", flags, settings),
     )
+
+
+THRESHOLD_HINT = "fix the threshold (command line or [tool.autocast-onnx])"
+
+
+def thresholds_from(settings: dict, flags: dict, keywords: bool = False):
+    """The validation Thresholds: each limit from its flag, else the configuration, else the
+    default; an output's own limits (`--rtol NAME=X`, the configuration's `[outputs.NAME]`
+    tables) beside them, a flag's winning over the file's for the same output and key. Errors
+    name the flag, or with `keywords` the Python API's keyword (`rtol=`)."""
+    from .validate.metrics import Thresholds
+
+    thresholds = Thresholds()
+    per_output: dict = {name: dict(own) for name, own in (settings.get("outputs") or {}).items()}
+    for key in THRESHOLD_BOUNDS:
+        flag = key + "=" if keywords else "--" + key.replace("_", "-")
+        value, own = _threshold_values(key, flags.get(key), flag)
+        if value is None:
+            value = settings.get(key, getattr(thresholds, key))
+        if value is not None:
+            check_threshold(key, value, flag, THRESHOLD_HINT)
+            value = float(value)
+        setattr(thresholds, key, value)
+        for name, number in own.items():
+            per_output.setdefault(name, {})[key] = number
+    thresholds.per_output = per_output
+    return thresholds
+
+
+def _threshold_values(key: str, given, flag: str) -> tuple:
+    """(the global value or None, {output: value}) of one threshold as given: a number, `X` or
+    `NAME=X` text (the command line's form, repeatable: a tuple of them), or a mapping
+    {output: X} (the Python API's per-output form), or a list mixing these."""
+    if given is None or isinstance(given, (bool, int, float)):
+        return given, {}
+    items = list(given.items()) if isinstance(given, Mapping) else [given] if isinstance(given, str) else None
+    if items is None:
+        try:
+            items = list(given)
+        except TypeError:
+            return given, {}  # not a number: check_threshold refuses it in its own words
+    found: dict = {}
+    value = None
+    for item in items:
+        name, number = _threshold_item(item, flag)
+        if name is None:
+            if value is not None:
+                raise AutocastError(
+                    f"{flag} is given twice without an output name", flag, "give one, and NAME=X for one output"
+                )
+            value = number
+            continue
+        check_threshold(key, number, flag, THRESHOLD_HINT, f"{flag} {name}=")
+        if name in found:
+            raise AutocastError(f"{flag} is given twice for output {name!r}", flag, "give one value per output")
+        found[name] = float(number)
+    return value, found
+
+
+def _threshold_item(item, flag: str) -> tuple:
+    """(output name or None for every output, the number) of one entry of a threshold flag."""
+    if isinstance(item, tuple) and len(item) == 2:  # a mapping's (name, value)
+        return str(item[0]), item[1]
+    if not isinstance(item, str):
+        return None, item
+    name, sep, text = item.rpartition("=")
+    name = name.strip()
+    if sep and not name:
+        raise AutocastError(f"{flag} {item!r} names no output", flag, f"e.g. {flag} prob_map=0.05")
+    try:
+        number = float(text)
+    except ValueError:
+        raise AutocastError(
+            f"{flag} takes a number, or NAME=NUMBER for one output, not {shown(item)}",
+            flag,
+            f"e.g. {flag} 0.02 or {flag} prob_map=0.05",
+        ) from None
+    return (name or None), number
+
+
+def _flag(key: str, flags: dict, settings: dict) -> bool:
+    """An on/off validation option: the flag when set, else the configuration's key."""
+    value = flags.get(key) or settings.get(key, False)
+    if not isinstance(value, bool):
+        flag = "--" + key.replace("_", "-")
+        raise AutocastError(f"{flag} must be true or false, not {shown(value)}", flag, "fix it")
+    return value
 
 
 # The validation options' whole numbers (default, lowest, highest) and choices (the first is the
@@ -97,14 +182,44 @@ COUNTS = {
 CHOICES = {"device": ("auto", "cpu", "cuda"), "numerics": ("auto", "emulate", "plain")}
 
 
-def _count(key: str, flags: dict) -> int:
-    """A validation count (COUNTS) from the flags, or AutocastError naming its flag."""
+def _count(key: str, flags: dict, settings: dict | None = None) -> int:
+    """A validation count (COUNTS) from the flags, else the configuration (`settings`, already
+    checked by config.py), else its default; a bad flag is an AutocastError naming it."""
     default, low, high = COUNTS[key]
-    value = flags.get(key, default)
+    value = flags.get(key)
+    if value is None:
+        value = (settings or {}).get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         flag = "--" + key
         raise AutocastError(f"{flag} must be a whole number from {low} to {high}, not {shown(value)}", flag, "fix it")
     return value
+
+
+def _speed(flags: dict, settings: dict) -> bool | None:
+    """--speed/--no-speed, else the configuration's `speed`, else None: time the models only where
+    it means something (CUDA; validate/core.py `timed`)."""
+    value = flags.get("speed")
+    if value is None:
+        value = settings.get("speed")
+    if value is not None and not isinstance(value, bool):
+        raise AutocastError(f"--speed must be true, false or None, not {shown(value)}", "--speed", "fix it")
+    return value
+
+
+def save_inputs_path(path) -> str | None:
+    """--save-inputs FILE.npz: a file path ('-', stdout, is refused: an archive is no text)."""
+    import os
+
+    if path is None:
+        return None
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise AutocastError(f"--save-inputs must be a path, not {shown(path)}", "--save-inputs", "e.g. inputs.npz")
+    text = os.fspath(path)
+    if text.strip() in ("", "-"):
+        raise AutocastError(
+            f"--save-inputs needs a file name, not {shown(text)}", "--save-inputs", "e.g. --save-inputs inputs.npz"
+        )
+    return str(text)
 
 
 def _choice(key: str, flags: dict) -> str:
@@ -134,7 +249,7 @@ def parse_targets(targets):
     from .validate.search import parse_target
 
     goal = parse_target(targets)
-    keys = {"atol": "atol", "rtol": "rtol", "min_cosine": "cosine", "min_top1": "top1"}
+    keys = {"atol": "atol", "rtol": "rtol", "min_cosine": "cosine", "min_top1": "top1", "min_iou": "iou"}
     for key, name in keys.items():
         value = getattr(goal, key)
         if value is not None:

@@ -45,9 +45,11 @@ from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_or
 from .plan.classify import UNMATCHED
 from .plan.model import PlanWarning
 from .plan.options import PLANNING, PlanOptions, plan_options_in, planning_fields
+from .plan.paint import clamp_forced_constants, warn_little_conversion
+from .plan.vocab import Seed
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.apply import PayloadSink
-from .rewrite.checks import CHECK_LIMIT, check_file
+from .rewrite.checks import CHECK_LIMIT, blame_input_for, check_file
 from .rewrite.loss_scale import (
     LossScale,
     LossScaling,
@@ -206,16 +208,21 @@ def convert(
     t0 = time.perf_counter()
     loaded = _loaded(model, copy)
     timings["load"] = time.perf_counter() - t0
-    return _convert_loaded(
-        loaded,
-        options=options,
-        check=check,
-        timings=timings,
-        calibration=calibration,
-        force_fp32=force_fp32,
-        plan=plan,
-        loss_scale=loss_scale,
-    )
+    try:
+        return _convert_loaded(
+            loaded,
+            options=options,
+            check=check,
+            timings=timings,
+            calibration=calibration,
+            force_fp32=force_fp32,
+            plan=plan,
+            loss_scale=loss_scale,
+        )
+    except InternalCheckError as exc:  # the input as given, when the conversion did not edit it
+        source = model if (copy or not isinstance(model, onnx.ModelProto)) else None
+        blame_input_for(exc, source, str(loaded.path) if loaded.path else "<model>")
+        raise
 
 
 def _entry_options(call: str, options: PlanOptions | None, planning: dict) -> PlanOptions:
@@ -278,6 +285,33 @@ def plan_model(
         # the loss scaling's record names what its rewrite adds: made on this copy, after the plan
         scaling = unscale_gradients(loaded.model, training, scale) if scale is not None and training else None
         _record_training(plan, training, scaling)
+    return PlannedModel(plan=plan, index=index, training=training)
+
+
+def replay_model(
+    model: onnx.ModelProto | str | os.PathLike, plan, *, options: PlanOptions | None = None
+) -> PlannedModel:
+    """A plan file (or PrecisionPlan) checked against a model as `convert --plan` checks it, without
+    converting: for `explain --plan`. The planning options that a replayed plan refuses are refused
+    here too; each node keeps the reasons the file gives it, and an edited one (its precision
+    differs from the one planning gave) gets a last reason `plan-edit` naming the file."""
+    options = _entry_options("replay_model", options, {})
+    loaded = _loaded(model, True)
+    where = str(loaded.path) if loaded.path else "<model>"
+    with _stage("resolve target"):
+        plan, target, keep_io_types = _resolve_target(plan, options, {})
+    with _stage("check opset"):
+        _check_opset(loaded.model, target, where)
+    with _no_gc():
+        with _stage("index"):
+            index = _index(loaded, where)
+        with _stage("prepare training"):
+            loss_scale = _replayed_loss_scale(plan, None) if plan.training is not None else None
+            training, scale = _training_setup(loaded.model, index, loss_scale, keep_io_types, where)
+            if scale is not None:  # the backward seed became the scale, as convert --plan does it
+                index = _index(loaded, where)
+        with _stage("check plan"):
+            check_plan_fits(plan, index)
     return PlannedModel(plan=plan, index=index, training=training)
 
 
@@ -386,6 +420,7 @@ class _Selection:
 
     rule_set: RuleSet
     exclude_ops: tuple
+    include_ops: tuple
     exclude_nodes: list
     include_nodes: list
     calibration: Mapping | None
@@ -474,6 +509,7 @@ def _convert_loaded(
                     plan = _fresh_plan(*planned)
                 else:
                     check_plan_fits(plan, index)
+                    clamp_forced_constants(index, plan)  # an edited plan may force a node low
             with _stage("apply", timings, "apply"):
                 stats = apply_plan(index, plan, sink=weights.sink, converted=converted)
                 converted = None
@@ -501,7 +537,7 @@ def _convert_loaded(
         training=training,
         loss_scaling=scaling,
         shapes=shapes,
-        macs=work,
+        macs=_typed_work(index, work),
         external_tensors=index.external_tensors,
     )
 
@@ -533,6 +569,7 @@ def _read_selection(options: PlanOptions, calibration, force_fp32) -> _Selection
     return _Selection(
         rule_set=load_rules(list(options.rules)),
         exclude_ops=options.exclude_ops,
+        include_ops=options.include_ops,
         exclude_nodes=compile_patterns(options.exclude_nodes, "--exclude-node"),
         include_nodes=compile_patterns(options.include_nodes, "--include-node"),
         calibration=calibration,
@@ -572,6 +609,16 @@ def _work(index, shapes) -> list | None:
     return [(n.id, macs_of(n.proto, shapes)) for n in index.main.nodes if n.op in MAC_OPS and n.outputs]
 
 
+def _typed_work(index, work) -> list | None:
+    """The cost report's work: (node id, multiply-accumulates, the element type the node computed
+    in before the conversion, its first output's), so that a node the plan leaves unchanged in
+    fp16 counts as low precision."""
+    if work is None:
+        return None
+    nodes = index.nodes
+    return [(i, m, nodes[i].outputs[0].dtype if nodes[i].outputs[0] is not None else None) for i, m in work]
+
+
 def _screened(screen: WeightScreen | None, loaded: LoadedModel, index, converted: dict | None) -> None:
     """Put into `converted` (classify's cache) the main graph's initializers the weight screen
     converted and found to lose nothing; those that lost range are left to classification's data
@@ -599,6 +646,7 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         exclude_ops=selection.exclude_ops,
         exclude_nodes=selection.exclude_nodes,
         include_nodes=selection.include_nodes,
+        include_ops=selection.include_ops,
         ranges=selection.calibration,
         force_fp32=selection.force_fp32,
         output_head=head,
@@ -620,6 +668,9 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         low_precision_io=low_names,
     )
     plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_notes)
+    if Seed.ALLOW in classification.seeds:  # a node forced low may read an out-of-range constant
+        clamp_forced_constants(index, plan, direct=False)
+    warn_little_conversion(index, plan, work)  # most of the MatMul/Gemm/Conv work left fp32
     return plan
 
 
@@ -759,6 +810,7 @@ def convert_file(
     except Exception as exc:
         if not isinstance(exc, AutocastError):
             blame_input(in_path)  # a malformed input is the input's fault (exit 2), not a bug
+            blame_input_for(exc, in_path, str(in_path))  # so is a checker refusal the input shares
         raise
     finally:
         if screen is not None:

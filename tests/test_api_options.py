@@ -33,6 +33,7 @@ DIGITS = ROOT / "examples" / "models" / "digits_cnn.onnx"  # the smallest shippe
 # CLI parameter name -> the API keyword that takes it
 RENAMED = {
     "exclude_op": "exclude_ops",
+    "include_op": "include_ops",
     "exclude_node": "exclude_nodes",
     "include_node": "include_nodes",
     "plan_file": "plan",
@@ -52,7 +53,8 @@ REPORTS = {
 }
 # convert --validate's comparison: autocast_onnx.validate(...) is a call of its own
 COMPARISON = ("numerics", "atol", "rtol", "min_cosine", "min_top1", "class_outputs", "generate", "speed")
-COMPARISON += ("iterations", "warmup")
+COMPARISON += ("iterations", "warmup", "min_iou")
+COMPARISON += ("save_inputs",)
 
 CLI_ONLY: dict[str, dict[str, str]] = {
     "convert": GENERAL
@@ -89,8 +91,9 @@ API_ONLY: dict[str, dict[str, str]] = {
     "lint": {},
     # explain plans as convert does, and converts when a keyword needs the whole conversion
     "explain": dict.fromkeys(
-        ("target", "inputs", "dims", "ranges", "batches", "seed", "device", "check", "plan", "loss_scale"),
-        "explain takes convert's keywords (a plan to replay, the search's target and inputs, ...)",
+        ("target", "inputs", "dims", "ranges", "batches", "seed", "device", "check", "loss_scale")
+        + ("map_threshold", "compare_padded"),
+        "explain takes convert's keywords (the search's target and inputs, the check level, ...)",
     )
     | {"copy": "an in-memory model is copied unless copy=False", "calibration": FROM_DATA, "force_fp32": FROM_DATA}
     | {"options": OPTIONS, "strict": "convert's planning keyword: a selector that matches nothing is an error"},
@@ -156,8 +159,8 @@ def test_the_tables_name_real_options_and_keywords(command):
 def test_the_derivation_sees_a_missing_keyword():
     """The comparison above fails when the two sides differ (here: lint without `ignore`)."""
 
-    def lint(*models, select=(), fail_on="error", precision=None, rules=(), exclude_ops=(), exclude_nodes=(),
-             include_nodes=()):  # fmt: skip
+    def lint(*models, select=(), fail_on="error", precision=None, rules=(), exclude_ops=(), include_ops=(),
+             exclude_nodes=(), include_nodes=()):  # fmt: skip
         raise AssertionError("not called")
 
     cli = {RENAMED.get(name, name) for name in cli_params("lint") - set(CLI_ONLY["lint"])}

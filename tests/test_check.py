@@ -107,7 +107,7 @@ def passing_report(tmp_path_factory):
     before = os.getcwd()
     os.chdir(folder)  # no configuration file is found from here
     try:
-        code, text, report = check(RESNET, "--iterations", "2", "--warmup", "0", report=out)
+        code, text, report = check(RESNET, "--speed", "--iterations", "2", "--warmup", "0", report=out)
     finally:
         os.chdir(before)
     return code, text, report, out

@@ -60,7 +60,7 @@ def test_long_stages_say_so_in_one_line_without_a_terminal(tmp_path, monkeypatch
     quick = invoke("validate", RESNET, conv, "--iterations", "2", "--warmup", "0")
     assert quick.exit_code == 0 and quick.stderr == ""  # quick stages stay quiet
     monkeypatch.setattr(cli_main, "LONG_STAGE_S", 0.0)
-    slow = invoke("validate", RESNET, conv, "--iterations", "2", "--warmup", "0", "--batches", "2")
+    slow = invoke("validate", RESNET, conv, "--speed", "--iterations", "2", "--warmup", "0", "--batches", "2")
     lines = slow.stderr.splitlines()
     assert [line.split(":")[0] for line in lines] == [
         "loading both models into ONNX Runtime",

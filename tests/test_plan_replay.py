@@ -107,7 +107,7 @@ def test_edited_node_runs_in_the_edited_precision(tmp_path):
     assert node_output_type(replayed.model, "fc1") == F16  # untouched nodes keep their plan
     assert replayed.plan.by_name("fc2")[0].precision == "fp32"
     last = replayed.plan.by_name("fc2")[0].reasons[-1]  # the edit is explained by the plan file
-    assert last.code == "plan-replay" and last.source.endswith("edited.json")
+    assert last.code == "plan-edit" and last.source.endswith("edited.json")
     # the edited model still computes the same function
     import onnxruntime as ort
 

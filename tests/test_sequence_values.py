@@ -286,7 +286,7 @@ def test_validate_passes_for_the_fp16_conversion_which_loads_as_it_is(tmp_path, 
     (the old conversion passed too, with "speed not measured: does not load")."""
     ref = _save(MODELS[name](), tmp_path / "ref.onnx")
     conv = _save(autocast_onnx.convert(MODELS[name](), precision="fp16").model, tmp_path / "conv.onnx")
-    options = ValidateOptions(device="cpu", numerics="emulate", iterations=1, warmup=0)
+    options = ValidateOptions(device="cpu", numerics="emulate", speed=True, iterations=1, warmup=0)  # timed on request
     report = validate(ref, conv, options)
     assert report["passed"], report["outputs"]
     assert report["speed"] is not None and report["speed_skipped"] is None, report["speed_skipped"]
@@ -310,7 +310,8 @@ def test_validate_with_emulation_refuses_a_converted_model_onnx_runtime_cannot_l
 
     ref = _save(split_at(), tmp_path / "ref16.onnx")
     conv = _save(autocast_onnx.convert(split_at(), precision="bf16").model, tmp_path / "conv16.onnx")
-    report = validate(ref, conv, ValidateOptions(device="cpu", numerics="emulate", iterations=1, warmup=0))
+    options = ValidateOptions(device="cpu", numerics="emulate", speed=True, iterations=1, warmup=0)
+    report = validate(ref, conv, options)
     assert report["passed"] and report["speed"] is None and "does not load" in report["speed_skipped"]
 
 

@@ -23,7 +23,7 @@ from autocast_onnx.validate.metrics import OutputStats, Thresholds, verdict
 RESNET = MODELS / "resnet_tiny.onnx"
 BERT = MODELS / "bert_tiny.onnx"
 DIGITS = MODELS / "digits_cnn.onnx"
-FAST = ("--iterations", "2", "--warmup", "0")
+FAST = ("--speed", "--iterations", "2", "--warmup", "0")  # timed (on CPU only when asked), briefly
 NO_THRESHOLDS = Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None)
 
 
@@ -206,7 +206,15 @@ def test_top1_threshold_ignored_without_top1():
 
 def test_default_thresholds():
     t = Thresholds()
-    assert t.as_dict() == {"atol": None, "rtol": 0.01, "min_cosine": 0.999, "min_top1": 0.99}
+    assert t.as_dict() == {
+        "atol": None,
+        "rtol": 0.01,
+        "min_cosine": 0.999,
+        "min_top1": 0.99,
+        "min_iou": 0.99,
+        "map_threshold": 0.5,
+        "outputs": {},
+    }
 
 
 def test_class_output_option_scores_a_named_output(bert16):
@@ -530,7 +538,15 @@ def test_pyproject_in_a_parent_folder_with_hyphenated_keys(resnet16, tmp_path, m
     r = cli("validate", RESNET, resnet16, "--no-speed", "--report-json", report_path)
     assert r.code == 1
     thresholds = json.loads(report_path.read_text())["thresholds"]
-    assert thresholds == {"atol": None, "rtol": 0.5, "min_cosine": 1.0, "min_top1": 0.99}
+    assert thresholds == {
+        "atol": None,
+        "rtol": 0.5,
+        "min_cosine": 1.0,
+        "min_top1": 0.99,
+        "min_iou": 0.99,
+        "map_threshold": 0.5,
+        "outputs": {},
+    }
     assert cli("validate", RESNET, resnet16, "--no-speed", "--min-cosine", "0.9").code == 0
 
 
@@ -630,7 +646,15 @@ def test_report_json(resnet16, tmp_path):
     assert report["reference"]["bytes"] == RESNET.stat().st_size
     assert report["converted"]["bytes"] == resnet16.stat().st_size
     assert report["device"] == "cpu" and report["numerics"] == "emulate"
-    assert report["thresholds"] == {"atol": None, "rtol": 0.01, "min_cosine": 0.999, "min_top1": 0.99}
+    assert report["thresholds"] == {
+        "atol": None,
+        "rtol": 0.01,
+        "min_cosine": 0.999,
+        "min_top1": 0.99,
+        "min_iou": 0.99,
+        "map_threshold": 0.5,
+        "outputs": {},
+    }
     [out] = report["outputs"]
     assert out["name"] == "logits" and out["passed"] is True and out["failures"] == []
     assert out["shape"] == [DEFAULT_BATCH, 10] and out["top1"] == 1.0

@@ -5,7 +5,7 @@ Precedence, lowest to highest (documented in docs/rules-format.md):
   2. [ops.*] categories - a later file overrides an earlier one (the default profile first);
   3. [[nodes]] rules by node name - a later file overrides an earlier one, and within one file
      a later matching rule overrides an earlier one;
-  4. command-line --exclude-op / --exclude-node / --include-node; where an exclude and an include
+  4. command-line --exclude-op / --exclude-node / --include-node / --include-op; where an exclude and an include
      both match a node, the exclude (fp32) wins.
 Data rules (out-of-range constants) and schema limits apply on top; a user forcing low precision
 over a data rule gets the conversion and a warning in the plan.

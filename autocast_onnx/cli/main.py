@@ -148,8 +148,8 @@ def strict_option(f):
     return click.option(
         "--strict",
         is_flag=True,
-        help="Warnings fail: a node rule, --exclude-node/--include-node pattern or --exclude-op that matches "
-        "no node is an error (exit 2); a validation that compares nothing (empty batch, non-finite reference, "
+        help="Warnings fail: a node rule, --exclude-node/--include-node pattern or --exclude-op/--include-op that "
+        "matches no node is an error (exit 2); a validation that compares nothing (empty batch, non-finite reference, "
         "the same model twice, arguments swapped) fails (exit 1).",
     )(f)
 
@@ -178,6 +178,12 @@ def plan_options_group(keep_io: bool = True):
         ),
         click.option(
             "--exclude-op", multiple=True, type=TEXT, help="Keep every node of this op type in fp32 (repeatable)."
+        ),
+        click.option(
+            "--include-op",
+            multiple=True,
+            type=TEXT,
+            help="Force every node of this op type to low precision (repeatable; an exclude wins).",
         ),
         click.option(
             "--exclude-node",
@@ -310,7 +316,8 @@ def input_options_group(batches: bool = True, inputs_help: str = "An .npz file (
             "dims",
             multiple=True,
             type=TEXT,
-            help="Value of a symbolic dimension, NAME=VALUE (repeatable).",
+            help="Size of a dynamic input dimension: NAME=VALUE for a symbolic one, INPUT:AXIS=VALUE for an unnamed "
+            "one (repeatable).",
         ),
         click.option(
             "--input-range",
@@ -333,9 +340,8 @@ def input_options_group(batches: bool = True, inputs_help: str = "An .npz file (
             click.option(
                 "--batches",
                 type=click.IntRange(1, MAX_BATCHES),
-                default=1,
-                show_default=True,
-                help="Generated batches when no --inputs.",
+                default=None,
+                help="Generated batches when no --inputs [default: 1, or the configuration's].",
             ),
         )
     return _stack(options)
@@ -360,10 +366,7 @@ def validation_options(f):
                 show_default=True,
                 help="emulate: round every low-precision tensor like a GPU (default on CPU); plain: run as is.",
             ),
-            click.option("--atol", type=float, help="Max absolute error per output."),
-            click.option("--rtol", type=float, help="Max error relative to max |reference| per output [0.01]."),
-            click.option("--min-cosine", type=float, help="Min cosine similarity per output, -1 to 1 [0.999]."),
-            click.option("--min-top1", type=float, help="Min top-1 agreement for class-score outputs, 0 to 1 [0.99]."),
+            *_threshold_options(),
             click.option(
                 "--class-output",
                 "class_outputs",
@@ -378,21 +381,57 @@ def validation_options(f):
                 show_default=True,
                 help="Causal LMs: tokens of greedy continuation to compare (0: none).",
             ),
-            click.option("--speed/--no-speed", default=True, show_default=True, help="Measure latency and speed-up."),
+            click.option(
+                "--speed/--no-speed",
+                default=None,
+                help="Measure latency and speed-up [default: on CUDA only (on CPU it says nothing about a GPU), "
+                "or the configuration's].",
+            ),
             click.option(
                 "--iterations",
                 type=click.IntRange(1, MAX_ITERATIONS),
-                default=20,
-                show_default=True,
-                help="Timed runs per model.",
+                default=None,
+                help="Timed runs per model [default: 20, or the configuration's].",
             ),
             click.option(
-                "--warmup", type=click.IntRange(0, MAX_WARMUP), default=3, show_default=True, help="Untimed runs first."
+                "--warmup",
+                type=click.IntRange(0, MAX_WARMUP),
+                default=None,
+                help="Untimed runs first [default: 3, or the configuration's].",
+            ),
+            click.option(
+                "--save-inputs",
+                type=PATH,
+                help="Write the generated batch to this .npz before the models run (kept when validation fails), "
+                "to replay it with --inputs.",
             ),
             click.option("--report-json", type=PATH, help="Write the report as JSON ('-': stdout)."),
             click.option("--report-html", type=PATH, help="Write a self-contained HTML report ('-': stdout)."),
         ]
     )(f)
+
+
+def _threshold_options():
+    """The validation thresholds: each takes X (every output) and NAME=X (one output), repeatable."""
+    per_output = " X for every output, NAME=X for one (repeatable)."
+
+    def threshold(flag: str, text: str):
+        return click.option(flag, multiple=True, type=TEXT, metavar="[NAME=]X", help=text + per_output)
+
+    return [
+        threshold("--atol", "Max absolute error [off]."),
+        threshold("--rtol", "Max error relative to max(max |reference|, the low type's resolution at 1) [0.01]."),
+        threshold("--min-cosine", "Min cosine similarity, -1 to 1 [0.999]."),
+        threshold("--min-top1", "Min top-1 agreement of class-score outputs, 0 to 1 [0.99]."),
+        threshold("--min-iou", "Min IoU of a probability map's masks, 0 to 1; replaces atol/rtol/cosine there [0.99]."),
+        threshold("--map-threshold", "A probability map's mask is its values above this, 0 to 1 [0.5]."),
+        click.option(
+            "--compare-padded",
+            is_flag=True,
+            default=False,
+            help="Also compare the positions an attention-mask input marks as padding (left out by default).",
+        ),
+    ]
 
 
 # validation options by what uses them: the comparison alone, or also the --target search's inputs
@@ -401,16 +440,19 @@ _COMPARE_ONLY = (
     "rtol",
     "min_cosine",
     "min_top1",
+    "min_iou",
     "class_outputs",
     "generate",
     "speed",
     "iterations",
     "warmup",
+    "save_inputs",
     "numerics",
     "report_json",
     "report_html",
 )
-_INPUT_OPTIONS = ("inputs", "dims", "ranges", "batches", "seed")
+# the --target search runs on these inputs and measures as validation does (padding, map masks)
+_INPUT_OPTIONS = ("inputs", "dims", "ranges", "batches", "seed", "map_threshold", "compare_padded")
 
 
 LONG_STAGE_S = 1.0  # without a terminal, a stage that took longer says so in one line
@@ -485,13 +527,38 @@ def _write_validation_reports(report, report_json, report_html) -> None:
 OPTION_GROUPS = (
     ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top")),
     ("Precision and rules", ("precision", "rules", "keep_io_types", "low_precision_io", "plan_file", "loss_scale")),
-    ("Node selection", ("exclude_op", "exclude_node", "include_node", "op_type")),
+    ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type")),
     ("Data-driven planning", ("calibration_data", "targets")),
     (
         "Validation inputs",
-        ("run_validate", "skip_validate", "inputs", "dims", "ranges", "batches", "seed", "device", "numerics"),
+        (
+            "run_validate",
+            "skip_validate",
+            "inputs",
+            "dims",
+            "ranges",
+            "batches",
+            "seed",
+            "save_inputs",
+            "device",
+            "numerics",
+        ),
     ),
-    ("Accuracy thresholds", ("atol", "rtol", "min_cosine", "min_top1", "class_outputs", "generate", "strict")),
+    (
+        "Accuracy thresholds",
+        (
+            "atol",
+            "rtol",
+            "min_cosine",
+            "min_top1",
+            "min_iou",
+            "map_threshold",
+            "compare_padded",
+            "class_outputs",
+            "generate",
+            "strict",
+        ),
+    ),
     ("Speed", ("speed", "iterations", "warmup")),
     ("Lint", ("select", "ignore", "fail_on", "exit_zero", "statistics", "show_protected", "baseline")),
     ("Reports", ("report_json", "report_html", "sarif", "plan_out_json")),
@@ -521,8 +588,41 @@ class GroupedGroup(click.Group):
     command_class = GroupedCommand
 
 
+def version_text() -> str:
+    """What --version prints: this tool's version and those of the libraries that decide its
+    results (onnx: the checker, shape inference and opsets; onnxruntime: validation), read from
+    the installed packages' metadata without importing them."""
+    from importlib import metadata
+
+    from .._version import __version__
+
+    def installed(*names: str) -> str:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return "not installed"
+
+    ort = installed("onnxruntime", "onnxruntime-gpu", "onnxruntime-training", "onnxruntime-directml")
+    return f"autocast-onnx {__version__} (onnx {installed('onnx')}, onnxruntime {ort}, Python {sys.version.split()[0]})"
+
+
+def _print_version(ctx, param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit()
+
+
 @click.group(cls=GroupedGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="autocast-onnx")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version, with onnx's and onnxruntime's, and exit.",
+)
 def cli() -> None:
     """Automatic mixed precision for ONNX models, correct by default and explained node by node."""
 
@@ -698,7 +798,12 @@ def _convert_body(call: _ConvertCall, written) -> bool:
     _print_conversion(call, result, out)
     if not call.run_validate:
         return True
-    return _validate_converted(call, out, options, training_step)
+    try:
+        return _validate_converted(call, out, options, training_step)
+    except AutocastError as exc:
+        # the conversion succeeded: keep it (and its plan), say it was not validated, exit 2
+        written.keep(out, Path(out).with_name(Path(out).name + ".data"), call.plan_out)
+        raise _not_validated(exc, call.model, out) from None
 
 
 def _refuse_convert_options_without_effect(call: _ConvertCall) -> None:
@@ -754,6 +859,7 @@ def _check_convert_outputs(call: _ConvertCall, out, options, config_file, plan) 
             ("--plan-out", call.plan_out),
             ("--report-json", call.report_json),
             ("--report-html", call.report_html),
+            ("--save-inputs", options.save_inputs),
         ],
         [call.model, call.calibration_data, options.inputs, config_file, call.plan_file, *plan.rules],
         models=["-o"],
@@ -837,9 +943,17 @@ def _print_conversion(call: _ConvertCall, result, out) -> None:
     from ..report import conversion_summary
 
     if not call.quiet:  # the summary walks the plan once more (0.1 s at 100k nodes): not for nothing
-        call.echo(conversion_summary(result, call.model, out))
+        call.echo(conversion_summary(result, call.model, out, verbose=call.verbose))
     if call.plan_out:
         call.echo(f"plan written to {'stdout' if str(call.plan_out) == '-' else call.plan_out}")
+
+
+def _not_validated(exc: AutocastError, model, out) -> AutocastError:
+    """`exc` (validation could not run) as the error of a conversion that was written: what went
+    wrong and that the model was kept unvalidated, then how to validate it once that is fixed."""
+    command = f"autocast-onnx validate {model} {out}"
+    hint = f"{exc.hint}; then validate it with `{command}`" if exc.hint else f"validate it with `{command}`"
+    return AutocastError(f"{exc.what}; the converted model was written to {out} but not validated", exc.where, hint)
 
 
 def _validate_converted(call: _ConvertCall, out, options, training_step: bool) -> bool:
@@ -981,7 +1095,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
         settings, config_file = _setup(config, verbose)
         options = validate_options(settings, **kw)
         check_outputs(
-            [("--report-json", report_json), ("--report-html", report_html)],
+            [("--report-json", report_json), ("--report-html", report_html), ("--save-inputs", options.save_inputs)],
             [reference, converted, options.inputs, config_file],
             model_inputs=[reference, converted],
         )
@@ -1222,7 +1336,13 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
         elif fmt == "sarif":
             text = sarif_json([d for r in results for d in r.diagnostics])
         else:
-            text = lint_text(results, show_protected=show_protected, colour=output is None and _colour())
+            text = lint_text(
+                results,
+                show_protected=show_protected,
+                colour=output is None and _colour(),
+                verbose=verbose,
+                rules=options.rules,
+            )
         if results or fmt != "text":
             _write_or_echo(text, output)
         return any(r.failed(options.fail_on) for r in results)
@@ -1304,14 +1424,22 @@ def rules_cmd(codes, fmt) -> None:
 @click.argument("node", type=TEXT, required=False)
 @click.option("--op", "op_type", type=TEXT, help="Explain every node of this op type (OpType or domain:OpType).")
 @plan_options_group()
+@click.option(
+    "--plan",
+    "plan_file",
+    type=PATH,
+    help="Explain this plan (written by --plan-out, maybe edited; it must belong to MODEL) instead of planning: "
+    "each node's reasons as the file gives them, an edited node marked.",
+)
 @click.option("--calibration-data", type=PATH, help="Measure tensor ranges on this data first.")
 @config_option
 @verbose_option
-def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> None:
+def explain(model, node, op_type, plan_file, calibration_data, config, verbose, **kw) -> None:
     """Say which precision NODE of MODEL gets and why: the rules that fired (file:line) and
     measured values. NODE is a node name, #ID for the plan's node id, or a regex (when it has
     regex characters such as . * [ ^; re.search) explaining every node whose name matches;
-    --op TYPE explains every node of that op type (with NODE: those that match both)."""
+    --op TYPE explains every node of that op type (with NODE: those that match both). With
+    --plan FILE, the plan that `convert --plan FILE` would apply: a node the file edits says so."""
     import re
 
     from ..pipeline import plan_model
@@ -1352,9 +1480,20 @@ def explain(model, node, op_type, calibration_data, config, verbose, **kw) -> No
             raise AutocastError("say which node: give NODE (a name, regex or #ID) or --op TYPE", None, "see --help")
         settings, _ = _setup(config, verbose)
         plan = _plan_from(settings, kw)
-        measured = plan_on_data(model, plan, calibration_data=calibration_data)
-        # only the plan is read: no rewrite
-        planned = plan_model(model, calibration=measured.calibration, options=plan)
+        if plan_file is not None:
+            if calibration_data is not None:
+                raise AutocastError(
+                    "--calibration-data cannot be combined with --plan: the plan already decides every node",
+                    str(plan_file),
+                    "drop --calibration-data, or plan afresh without --plan",
+                )
+            from ..pipeline import replay_model
+
+            planned = replay_model(model, plan_file, options=plan)  # checked as convert --plan checks it
+        else:
+            measured = plan_on_data(model, plan, calibration_data=calibration_data)
+            # only the plan is read: no rewrite
+            planned = plan_model(model, calibration=measured.calibration, options=plan)
         entries = select(planned.plan)
         if len(entries) > 1:
             click.echo(f"{len(entries)} nodes match")
@@ -1415,7 +1554,13 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
         vopts = validate_options(settings, **kw)
         prior = load_baseline(baseline) if baseline is not None else None
         check_outputs(
-            [("-o", output), ("--report-json", report_json), ("--report-html", report_html), ("--sarif", sarif)],
+            [
+                ("-o", output),
+                ("--report-json", report_json),
+                ("--report-html", report_html),
+                ("--sarif", sarif),
+                ("--save-inputs", vopts.save_inputs),
+            ],
             [model, baseline, vopts.inputs, source, config, *plan.rules],
             models=["-o"],
             read_back=["-o"],
@@ -1459,6 +1604,11 @@ def main(argv=None) -> None:
     one line and exit code 3."""
     try:
         cli.main(args=argv, prog_name="autocast-onnx", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError:  # `autocast-onnx` alone: one short line, not the whole help
+        commands = ", ".join(cli.commands)
+        _fail(
+            f"no command given: autocast-onnx COMMAND ... (COMMAND: {commands}; see autocast-onnx --help)", EXIT_INPUT
+        )
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "autocast-onnx"
         _fail(f"{' '.join(exc.format_message().split())} (see {command} --help)", EXIT_INPUT)

@@ -213,6 +213,39 @@ def _fp32_parameters(ctx, node, ports) -> bool:
     return bool(values) and all(v.dtype == FLOAT for v in values)
 
 
+# what the parameter inputs of an op with `fp32_parameters_ok` hold, for the message
+_PARAMETERS = {"BatchNormalization": "scale, bias, mean and variance"}
+
+
+def _low_parameters(ctx, node, ports) -> list:
+    """The parameter inputs `ports` of `node` stored in low precision (actual mode only)."""
+    if ctx.mode != "actual":
+        return []
+    values = [node.inputs[i] for i in ports if i < len(node.inputs) and node.inputs[i] is not None]
+    return [v for v in values if v.dtype in LOW]
+
+
+def _family_message(ctx, node, lenient: dict) -> str:
+    """What is wrong with a node of the family computed in low precision. For an op whose data may
+    be low when its parameters are fp32 (BatchNormalization in inference: what the converter
+    does from opset 15), the fault is the parameters (the statistics) stored low: say so."""
+    message = f"{node.op} {ctx.where()} {ctx.tname}"
+    ports = lenient.get(_key(node))
+    training = any(a.name == "training_mode" and a.i for a in node.proto.attribute)
+    low = _low_parameters(ctx, node, ports) if ports and not training else []
+    if not low:
+        return message
+    what = _PARAMETERS.get(node.op, "parameters")
+    names = ", ".join(f"'{v.name}'" for v in low)
+    fp16 = any(v.dtype == FLOAT16 for v in low)
+    types = "fp16" if fp16 else "bf16"
+    loss = f"they keep {11 if fp16 else 8} significant bits" + (", and a variance below 3e-8 is 0" if fp16 else "")
+    return (
+        f"{message} with its {what} ({names}) stored in {types}: the statistics are what is wrong ({loss}); "
+        f"the data may be {ctx.tname} when these stay fp32, as autocast-onnx convert keeps them"
+    )
+
+
 def op_family(ctx: LintContext, check):
     ops = set(check.params.get("ops", ()))
     lenient = check.params.get("fp32_parameters_ok", {})
@@ -222,7 +255,7 @@ def op_family(ctx: LintContext, check):
             continue
         if _key(node) in ops and ctx.is_low(node):
             flagged.add(node.id)
-            yield ctx.diag(check, node, f"{node.op} {ctx.where()} {ctx.tname}")
+            yield ctx.diag(check, node, _family_message(ctx, node, lenient))
     if "decomposed-layernorm" in check.params.get("patterns", ()):
         for pattern in ctx.layernorm_patterns():
             for node in pattern["nodes"]:
@@ -319,7 +352,20 @@ def weights_flush(ctx, check):
             )
 
 
-_EDGE_FATE = "is the lowest finite value there, and any further sum overflows to -inf"
+def _edge_fate(low: int) -> str:
+    """What a mask on the lowest finite value of `low` does, in the words lint and the tests share:
+    a fully masked row stays finite (every position is that value: the softmax is uniform, as in
+    fp32), unless a score at or below minus the half unit at the edge (-16 in fp16), or a second
+    mask, is added to it: that sum is -inf, and a row of them is NaN."""
+    headroom = thresholds(low)[1] - LIMITS[low][0]
+    return (
+        f"is the lowest finite value there, with no headroom: a score of -{headroom:.4g} or below, or a second "
+        f"mask, added to it gives -inf, and a row where every position does gives NaN (a fully masked row of "
+        f"higher scores stays finite)"
+    )
+
+
+_INF_FATE = "is -inf there: a fully masked row is -inf everywhere and its softmax NaN (-inf - -inf)"
 
 
 def masking_constant(ctx, check):
@@ -335,20 +381,20 @@ def masking_constant(ctx, check):
             lowest = range_facts(data, value.dtype).lowest
             if lowest > -LIMITS[value.dtype][0]:
                 continue
-            fate = _EDGE_FATE
+            fate = _edge_fate(value.dtype)
         else:
             facts = range_facts(data, ctx.low)
             if not is_mask(facts, ctx.low):
                 continue
             lowest = facts.lowest
-            fate = "is -inf there" if -lowest >= thresholds(ctx.low)[1] else _EDGE_FATE
+            fate = _INF_FATE if -lowest >= thresholds(ctx.low)[1] else _edge_fate(ctx.low)
         users = _low_consumers(ctx, value, through=True)
         if users:
             yield ctx.diag(
                 check,
                 users[0],
                 f"masking constant '{value.name}' ({lowest:.4g}) reaches {users[0].op} "
-                f"({ctx.where()} {ctx.tname}) and {fate}: summed masks or a fully masked row give NaN",
+                f"({ctx.where()} {ctx.tname}) and {fate}",
                 value=lowest,
                 tensor=value.name,
             )

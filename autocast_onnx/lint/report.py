@@ -23,10 +23,13 @@ def counts(diagnostics) -> dict:
 SEVERITY_COLOUR = {"error": "red", "warning": "yellow", "info": "blue"}
 
 
-def lint_text(results, show_protected: bool = True, colour: bool = False) -> str:
+def lint_text(results, show_protected: bool = True, colour: bool = False, verbose: bool = False, rules=()) -> str:
     """Findings grouped by code, each with node, op type and message, then the check's fix hint.
     A group's header gives the severities its findings have. Unless `show_protected`, the info
-    findings the conversion rules protect (fp32 models) are counted in one line, not listed."""
+    findings the conversion rules protect (fp32 models) are counted in one line, not listed.
+    Unless `verbose`, weights-flush findings under the conversion rules' max_flush_fraction
+    (`rules`: the user's rule files over the default profile), which the converter converts
+    as they are, are counted in one line, as convert's summary counts its flush notes."""
     import click
 
     def sev(word: str) -> str:
@@ -46,12 +49,16 @@ def lint_text(results, show_protected: bool = True, colour: bool = False) -> str
         check = checks[code]
         found = [x for x in reversed(SEVERITIES) if any(d.severity == x for d in group)]
         lines.append(f"{code} {check.name} [{', '.join(sev(x) for x in found)}]: {check.summary}")
-        for d in group:
+        notes = [] if verbose or check.kind != "weights-flush" else _flush_notes(group, rules)
+        note_ids = {id(d) for d in notes}
+        for d in (d for d in group if id(d) not in note_ids):
             where = f"{d.model}: " if len(results) > 1 and d.model else ""
             node = d.node or "(model)"
             graph = "" if d.graph == "main" else f" in {d.graph}"
             mark = f" [{sev(d.severity)}]" if len(found) > 1 else ""
             lines.append(f"  {where}{node}{graph} ({d.op_type or '-'}){mark}: {d.message}")
+        if notes:
+            lines.append(_flush_notes_line(notes, rules, len(notes) < len(group)))
         lines.append(f"  fix: {check.fix}")
         lines.append("")
     if hidden:
@@ -73,6 +80,32 @@ def lint_text(results, show_protected: bool = True, colour: bool = False) -> str
         f"{total['info']} info; {suppressed} suppressed"
     )
     return "\n".join(lines)
+
+
+def _flush_threshold(rules) -> float:
+    """max_flush_fraction of the conversion rules (the default profile, then `rules`)."""
+    from ..catalog import load_rules
+
+    return float(load_rules(list(rules)).thresholds["max_flush_fraction"])
+
+
+def _flush_notes(group: list, rules) -> list:
+    """The weights-flush findings that need no action: a fraction of flushing values at most the
+    conversion rules' max_flush_fraction (the converter converts such a constant and says so in
+    one note), and not raised to an error by the configuration."""
+    limit = _flush_threshold(rules)
+    return [d for d in group if d.severity != "error" and d.value is not None and d.value <= limit]
+
+
+def _flush_notes_line(notes: list, rules, more: bool) -> str:
+    """One line for the flush findings that need no action: how many, the worst fraction."""
+    worst = max(float(d.value) for d in notes)
+    limit = _flush_threshold(rules)
+    return (
+        f"  {len(notes)}{' more' if more else ''} constant(s) with a few values that flush to zero, each under "
+        f"max_flush_fraction ({limit:g}), worst {worst * 100:.2g}% of a tensor's nonzero values: the converter "
+        "converts them (-v or --format json lists them)"
+    )
 
 
 def lint_statistics(results, fmt: str = "text") -> str:

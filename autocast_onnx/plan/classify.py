@@ -99,6 +99,7 @@ def classify(
     exclude_ops=(),
     exclude_nodes=(),
     include_nodes=(),
+    include_ops=(),
     ranges=None,
     force_fp32=None,
     output_head: bool = True,
@@ -132,7 +133,10 @@ def classify(
     planned = _assign_port_roles(index, rules, target, result)
     if output_head and rules.output_head.category == "fp32":
         _apply_output_head(index, planned, rules.output_head, macs, result)
-    _apply_selections(planned, rules.node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result)
+    selections = _Selections(
+        rules.node_rules, include_nodes, frozenset(include_ops), exclude_nodes, frozenset(exclude_ops)
+    )
+    _apply_selections(planned, selections, force_fp32, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
     pending = _apply_data_rules(planned, target, rules.thresholds, result, converted)
@@ -397,67 +401,101 @@ def _apply_output_head(index: GraphIndex, planned, setting, macs, result: Classi
     log.debug("classify pass 2b (output head): %d nodes seeded fp32", count)
 
 
-def _apply_selections(
-    planned, node_rules, exclude_ops, exclude_nodes, include_nodes, force_fp32, result: Classification
-) -> None:
-    """Pass 3: `[[nodes]]` rules, then --include-node, --exclude-node, --exclude-op and the accuracy
-    search's forced nodes; a later one overrides an earlier one, so exclusion beats inclusion.
+@dataclass(frozen=True)
+class _Selections:
+    """What forces nodes by name or op type, in the order pass 3 applies them (a later one
+    overrides an earlier one): `[[nodes]]` rules, --include-node, --include-op, --exclude-node,
+    --exclude-op."""
 
-        node "attn/softmax_in" matching [[nodes]] match="attn/" precision="fp32" -> Seed.DENY"""
-    excl_ops = set(exclude_ops)
-    if not (node_rules or exclude_nodes or include_nodes or excl_ops or force_fp32):
+    node_rules: tuple | list = ()
+    include_nodes: tuple | list = ()  # compiled patterns
+    include_ops: frozenset = frozenset()  # op types, or domain:OpType
+    exclude_nodes: tuple | list = ()  # compiled patterns
+    exclude_ops: frozenset = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.node_rules or self.include_nodes or self.include_ops or self.exclude_nodes or self.exclude_ops)
+
+
+def _op_key(node, ops: frozenset) -> str | None:
+    """The spelling under which `ops` names the node's op type (OpType or domain:OpType), or None."""
+    if node.op in ops:
+        return node.op
+    qualified = f"{node.domain}:{node.op}"
+    return qualified if qualified in ops else None
+
+
+def _forced(node, selections: _Selections, used: set):
+    """The (Seed, Reason) the last selector matching `node` gives it (see _Selections), or None;
+    each matching selector is added to `used`."""
+    name, op = node.name, node.op
+    forced = None
+    for k, rule in enumerate(selections.node_rules):
+        if rule.matches(name, op):
+            used.add(("rule", k))
+            seed = Seed.DENY if rule.precision == "fp32" else Seed.ALLOW
+            why = f"node rule forces {rule.precision}" + (f": {rule.why}" if rule.why else "")
+            forced = (seed, Reason("node-rule", why, str(rule.source)))
+    for k, pattern in enumerate(selections.include_nodes):
+        if pattern.search(name):
+            used.add(("--include-node", k))
+            forced = (Seed.ALLOW, Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
+    key = _op_key(node, selections.include_ops) if selections.include_ops else None
+    if key is not None:
+        used.add(("--include-op", key))
+        forced = (Seed.ALLOW, Reason("cli-include", f"--include-op {key} forces low precision"))
+    for k, pattern in enumerate(selections.exclude_nodes):
+        if pattern.search(name):
+            used.add(("--exclude-node", k))
+            forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
+    key = _op_key(node, selections.exclude_ops) if selections.exclude_ops else None
+    if key is not None:
+        used.add(("--exclude-op", key))
+        forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
+    return forced
+
+
+def _apply_selections(planned, selections: _Selections, force_fp32, result: Classification) -> None:
+    """Pass 3: `[[nodes]]` rules, then --include-node, --include-op, --exclude-node, --exclude-op
+    and the accuracy search's forced nodes; a later one overrides an earlier one, so exclusion
+    beats inclusion.
+
+        node "attn/softmax_in" matching [[nodes]] match="attn/" precision="fp32" -> Seed.DENY
+        Softmax under --include-op Softmax                                      -> Seed.ALLOW"""
+    selecting = bool(selections)
+    if not (selecting or force_fp32):
         return
     seeds, reasons = result.seeds, result.reasons
     count = 0
     used: set = set()  # the rules, patterns and op types that matched a node
     for node in planned:
-        name = node.name
-        op = node.op
-        forced = None
-        for k, rule in enumerate(node_rules):
-            if rule.matches(name, op):
-                used.add(("rule", k))
-                forced = (
-                    Seed.DENY if rule.precision == "fp32" else Seed.ALLOW,
-                    Reason(
-                        "node-rule",
-                        f"node rule forces {rule.precision}" + (f": {rule.why}" if rule.why else ""),
-                        str(rule.source),
-                    ),
-                )
-        for k, pattern in enumerate(include_nodes):
-            if pattern.search(name):
-                used.add(("--include-node", k))
-                forced = (Seed.ALLOW, Reason("cli-include", f"--include-node {pattern.pattern!r} forces low precision"))
-        for k, pattern in enumerate(exclude_nodes):
-            if pattern.search(name):
-                used.add(("--exclude-node", k))
-                forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-node {pattern.pattern!r} keeps it fp32"))
-        domain = node.domain
-        key = op if op in excl_ops else f"{domain}:{op}" if f"{domain}:{op}" in excl_ops else None
-        if key is not None:
-            used.add(key)
-            forced = (Seed.DENY, Reason("cli-exclude", f"--exclude-op {op} keeps it fp32"))
+        forced = _forced(node, selections, used) if selecting else None
         if force_fp32 and node.id in force_fp32:
             forced = (Seed.DENY, force_fp32[node.id])
         if forced is not None:
             seeds[node.id] = forced[0]
             reasons[node.id].append(forced[1])
             count += 1
-    # Nothing silent: a selector that matched no node whose precision it could set did nothing.
+    _warn_unmatched(selections, used, result)
+    log.debug("classify pass 3 (selections): %d nodes seeded by rules and flags", count)
+
+
+def _warn_unmatched(selections: _Selections, used: set, result: Classification) -> None:
+    """Nothing silent: a selector that matched no node whose precision it could set did nothing."""
     tail = "whose precision it could set (only float-computing nodes are planned)"
-    for k, rule in enumerate(node_rules):
+    for k, rule in enumerate(selections.node_rules):
         if ("rule", k) not in used:
             what = f"match {rule.pattern.pattern!r}" if rule.pattern is not None else f"name {rule.name!r}"
             ops = f" (op_types {', '.join(sorted(rule.op_types))})" if rule.op_types else ""
             result.warnings.append((UNMATCHED, f"[[nodes]] {what}{ops} at {rule.source} matches no node {tail}", None))
-    for flag, patterns in (("--include-node", include_nodes), ("--exclude-node", exclude_nodes)):
+    for flag, patterns in (("--include-node", selections.include_nodes), ("--exclude-node", selections.exclude_nodes)):
         for k, pattern in enumerate(patterns):
             if (flag, k) not in used:
                 result.warnings.append((UNMATCHED, f"{flag} {pattern.pattern!r} matches no node {tail}", None))
-    for op in sorted(excl_ops - used):
-        result.warnings.append((UNMATCHED, f"--exclude-op {op} matches no node {tail}", None))
-    log.debug("classify pass 3 (selections): %d nodes seeded by rules and flags", count)
+    for flag, op_types in (("--include-op", selections.include_ops), ("--exclude-op", selections.exclude_ops)):
+        for op in sorted(op_types):
+            if (flag, op) not in used:
+                result.warnings.append((UNMATCHED, f"{flag} {op} matches no node {tail}", None))
 
 
 def _apply_calibration(index, planned, ranges, target: Precision, thresholds, result: Classification) -> None:
@@ -529,8 +567,7 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
             reasons[nid].append(
                 Reason(kind, f"{message}; converted anyway because a rule forces low precision", value=measured)
             )
-            if value.kind == "initializer":
-                result.clamp[value.name] = message
+            result.clamp[value.name] = message  # an initializer, or a Constant output (both converted clamped)
             result.warnings.append(
                 (
                     kind,

@@ -11,11 +11,14 @@ Plan JSON, version 2 (see docs/architecture.md):
      "vocabulary": {...legend of the codes...}, "rule_files": [...], "summary": {...},
      "warnings": [...], "clamp_initializers": {...},
      "nodes": [{"id": 0, "name": "...", "op_type": "MatMul", "domain": "", "graph": "main",
-                "category": "low_precision", "precision": "fp16", "roles_in": "pp", "roles_out": "p",
-                "reasons": [...]}, ...]}
+                "category": "low_precision", "precision": "fp16", "planned": "fp16",
+                "roles_in": "pp", "roles_out": "p", "reasons": [...]}, ...]}
 
 Of a node entry, replay reads `precision` (which a user may edit) and checks `id`, `name`,
 `op_type`, `graph`, `roles_in` and `roles_out` against the model; the rest documents the plan.
+`planned` is the precision planning gave when the file was written: a node whose `precision`
+differs from it is an edited one, which replay marks (reason `plan-edit`) while every other node
+keeps the reasons the file gives it.
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ class NodePlan:
     roles_out: str = ""  # PortRole code per output port
     fp32_inputs: list[int] = field(default_factory=list)  # ports pinned by a rule file
     fp32_outputs: list[int] = field(default_factory=list)
+    # the precision planning gave, when this entry was read from a plan file (None: this plan's own
+    # planning, or a file written before plans recorded it)
+    planned: str | None = None
+
+    @property
+    def edited(self) -> bool:
+        """Whether the plan file edits this node: its precision differs from the one planning gave."""
+        return self.planned is not None and self.planned != self.precision
 
     @property
     def label(self) -> str:
@@ -77,7 +88,8 @@ class NodePlan:
         lines = [
             f"{self.label} ({self.domain + ':' if self.domain else ''}{self.op_type}){graph}, node #{self.id}",
             f"  category: {self.category}",
-            f"  precision: {self.precision}",
+            f"  precision: {self.precision}"
+            + (f" (edited in the plan; planning gave {self.planned})" if self.edited else ""),
         ]
         if self.fp32_inputs or self.fp32_outputs:
             lines.append(f"  pinned fp32 ports: inputs {self.fp32_inputs}, outputs {self.fp32_outputs}")
@@ -92,6 +104,12 @@ class NodePlan:
     def __repr__(self) -> str:
         why = f": {self.reasons[-1].code}" if self.reasons else ""
         return f"<NodePlan #{self.id} {self.label} ({self.op_type}) {self.precision}{why}>"
+
+
+# Warning codes that need no action, which the summaries count in one line (the plan file and -v
+# list each): a constant a few of whose values flush, converted as the data rules allow (under
+# max_flush_fraction, or a small constant not all of whose values flush; plan/paint.py)
+NOTE_CODES = frozenset({"flush-note"})
 
 
 @dataclass
@@ -150,6 +168,7 @@ class PrecisionPlan:
         self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
         self.source: str | None = None  # the file a replayed plan was read from
+        self.replayed = False  # applied as given (convert --plan, explain --plan): see plan/replay.py
         self.training: dict | None = None  # the training graph and its loss scaling (None: inference)
         self.search: dict | None = None  # the --target search that chose forced nodes (its log)
         nodes = nodes or []
@@ -237,10 +256,7 @@ class PrecisionPlan:
             "clamp_initializers": self.clamp_initializers,
             **({"training": self.training} if self.training is not None else {}),
             **({"search": self.search} if self.search is not None else {}),
-            "nodes": [
-                {k: v for k, v in asdict(n).items() if not (k in ("fp32_inputs", "fp32_outputs") and not v)}
-                for n in self.nodes
-            ],
+            "nodes": [_node_dict(n) for n in self.nodes],
         }
 
     def to_json(self) -> str:
@@ -289,7 +305,21 @@ class PrecisionPlan:
         write_text_atomic(Path(path), self.to_json() + "\n")
 
 
+def _node_dict(node: NodePlan) -> dict:
+    """A node entry of the plan file: its fields, `planned` beside `precision` (the precision
+    planning gave: this plan's own, or the one a replayed file recorded), empty pin lists left out."""
+    out = {}
+    for key, value in asdict(node).items():
+        if key == "planned" or (key in ("fp32_inputs", "fp32_outputs") and not value):
+            continue
+        out[key] = value
+        if key == "precision":
+            out["planned"] = node.planned or node.precision
+    return out
+
+
 __all__ = [
+    "NOTE_CODES",
     "PLAN_VERSION",
     "PRECISIONS",
     "NodePlan",
@@ -371,6 +401,7 @@ _NODE = _Object(
         "graph": _STR,
         "category": _STR,
         "precision": _STR,
+        "planned": _STR,
         "reasons": _List(_REASON, "a list of reasons (objects)"),
         "roles_in": _STR,
         "roles_out": _STR,
@@ -562,6 +593,12 @@ def _node_entry(k: int, entry: dict, where: str) -> NodePlan:
             f"precision {entry['precision']!r} is not one of fp16, bf16, fp32, unchanged",
             'fix the node\'s "precision"',
         )
+    if entry.get("planned", "fp32") not in PRECISIONS:
+        refuse(
+            "planned",
+            f"precision {entry['planned']!r} is not one of fp16, bf16, fp32, unchanged",
+            'leave "planned" as written: it records what planning gave; edit "precision"',
+        )
     if entry["category"] not in _CATEGORIES:
         refuse("category", f"{entry['category']!r} is not one of {', '.join(sorted(_CATEGORIES))}")
     for key, pins in (("roles_in", "fp32_inputs"), ("roles_out", "fp32_outputs")):
@@ -584,6 +621,7 @@ def _node_entry(k: int, entry: dict, where: str) -> NodePlan:
         roles_out=entry["roles_out"],
         fp32_inputs=list(entry.get("fp32_inputs", [])),
         fp32_outputs=list(entry.get("fp32_outputs", [])),
+        planned=entry.get("planned"),
     )
 
 

@@ -43,6 +43,8 @@ class PlanOptions:
     keep_io_types: bool | None = field(default=None, metadata=_surfaces("--keep-io-types", "keep_io_types", "compared"))
     # op types (or domain:OpType) kept fp32
     exclude_ops: tuple[str, ...] = field(default=(), metadata=_surfaces("--exclude-op", "exclude_op", "refused"))
+    # op types (or domain:OpType) forced low, as --include-node forces nodes (an exclude beats it)
+    include_ops: tuple[str, ...] = field(default=(), metadata=_surfaces("--include-op", "include_op", "refused"))
     # node-name regexes kept fp32, and forced low
     exclude_nodes: tuple[str, ...] = field(default=(), metadata=_surfaces("--exclude-node", "exclude_node", "refused"))
     include_nodes: tuple[str, ...] = field(default=(), metadata=_surfaces("--include-node", "include_node", "refused"))
@@ -50,7 +52,7 @@ class PlanOptions:
     low_precision_io: str | None = field(
         default=None, metadata=_surfaces("--low-precision-io", "low_precision_io", "refused")
     )
-    # a node rule, node pattern or --exclude-op that matches nothing is an error
+    # a node rule, node pattern, --exclude-op or --include-op that matches nothing is an error
     strict: bool = field(default=False, metadata=_surfaces("--strict", None, "allowed"))
     source: str | None = field(default=None, compare=False)  # the configuration file, if any
 
@@ -62,7 +64,7 @@ class PlanOptions:
                 raise AutocastError(
                     f"unknown precision {self.precision!r}", "--precision", "use fp16 or bf16"
                 ) from None
-        for name in ("rules", "exclude_ops", "exclude_nodes", "include_nodes"):
+        for name in ("rules", "exclude_ops", "include_ops", "exclude_nodes", "include_nodes"):
             value = getattr(self, name)
             if isinstance(value, (str, Path)):
                 value = (value,)
@@ -73,6 +75,8 @@ class PlanOptions:
             compile_patterns([self.low_precision_io], "--low-precision-io")
         for op in self.exclude_ops:
             check_op_type(op, "--exclude-op")
+        for op in self.include_ops:
+            check_op_type(op, "--include-op")
 
     @property
     def target(self) -> Precision:
@@ -82,7 +86,7 @@ class PlanOptions:
     @property
     def selects(self) -> bool:
         """Whether any node or op selection is given."""
-        return bool(self.exclude_ops or self.exclude_nodes or self.include_nodes)
+        return bool(self.exclude_ops or self.include_ops or self.exclude_nodes or self.include_nodes)
 
 
 def planning_fields() -> tuple[Field, ...]:

@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
-from ..dtypes import FLOAT, dtype_name
+import onnx
+
+from ..dtypes import FLOAT, LIMITS, dtype_name
 from ..errors import InternalCheckError
-from ..graph import GraphIndex
-from .classify import Classification
+from ..graph import GraphIndex, signatures
+from ..graph.shapes import MAC_OPS
+from ..hazards import PASS_ON_OPS, RangeFacts, range_facts, range_sentence
+from .classify import Classification, _check_constants, constant_array, is_constant, schema_role
 from .model import NodePlan, PlanWarning, PrecisionPlan, Reason
 from .vocab import CATEGORY_NAME, PRECISION_OF_TYPE, Category, Paint, PortRole, Precision, Seed, required_type
 
@@ -396,7 +401,7 @@ def _flush_warnings(state: _State, plan: PrecisionPlan) -> None:
         if users:
             plan.warnings.append(
                 PlanWarning(
-                    "data-flush",
+                    "flush-note",  # under max_flush_fraction, converted: nothing to act on (model.NOTE_CODES)
                     f"{message}; converted for {users[0].label}"
                     + (f" and {len(users) - 1} more" if len(users) > 1 else ""),
                     users[0].label,
@@ -449,3 +454,233 @@ def index_fingerprint(index: GraphIndex) -> str:
                 f"{node.id}|{node.name}|{node.authored_domain}|{node.op}|{','.join(sources)}|{outs}\n".encode()
             )
     return digest.hexdigest()
+
+
+# ---- constants out of range that reach a low-precision node -----------------------------------
+REACH_DEPTH = 8  # ops that pass values on, followed back from a low-precision node's input
+
+
+@dataclass(frozen=True)
+class ForcedReach:
+    """A constant without headroom in the target type (hazards.py: it overflows or lands on the
+    largest finite value) that a low-precision node reads: directly (`via` empty), or through
+    fp32 ops that pass its values on (`via`, nearest the node first). `boundary` is the fp32 tensor
+    the rewrite casts into the node (None: an initializer read directly, converted in place)."""
+
+    constant: Any  # the Value of the initializer or Constant output
+    node: Any  # the low-precision node
+    boundary: Any  # a Value, or None
+    via: tuple
+    facts: RangeFacts
+
+
+def forced_low_reach(index: GraphIndex, plan: PrecisionPlan, direct: bool = True) -> list[ForcedReach]:
+    """Every ForcedReach of `plan` on `index` (with `direct` False, not the initializers a low
+    node reads itself: classification clamps those of a fresh plan, and the rewrite needs only the
+    casts). The default rules never make one (a reader of such a constant, also through ops that
+    pass it on, stays fp32: classify's data rules); a node forced low by a rule, --include-node or
+    --include-op, or an edited plan, can. Without a clamp, a -3.4e38 mask fill that reaches a
+    forced fp16 Softmax through an fp32 Add and the inserted Cast becomes -inf there, and a fully
+    masked row NaN."""
+    target = plan.target
+    precisions, roles_in = plan.precisions, plan.roles_in
+    found: list = []  # (constant, node, boundary, via)
+    for node in index.nodes:
+        if precisions[node.id] != target:
+            continue
+        ri = roles_in[node.id]
+        for port, value in enumerate(node.inputs):
+            if value is None or ri[port] != _FOLLOW or value.dtype != FLOAT:
+                continue
+            if value.initializer is not None:  # read directly: converted (clamped) in place
+                if direct:
+                    found.append((value, node, None, ()))
+                continue
+            for constant, via in _constants_behind(value, precisions, target):
+                found.append((constant, node, value, via))
+    facts_of = _range_hazards({id(c): c for c, *_ in found}, target)
+    return [
+        ForcedReach(constant, node, boundary, via, facts_of[id(constant)])
+        for constant, node, boundary, via in found
+        if id(constant) in facts_of
+    ]
+
+
+def _range_hazards(constants: dict, target: Precision) -> dict:
+    """id(constant) -> RangeFacts for the constants without headroom in the target type. The
+    many weights a low-precision plan reads directly are screened in one vectorised pass
+    (classify's data rules), and only the suspicious ones judged one by one."""
+    elem = target.elem_type
+    if elem is None:
+        return {}
+    screen = {"small_constant_elements": 0, "max_flush_fraction": 1.0}  # only the range verdict is read
+    verdicts = _check_constants(constants.values(), elem, screen)
+    out = {}
+    for key, verdict in verdicts.items():
+        if verdict[0] != "data-range":
+            continue
+        facts = _range_hazard(constants[key], target)
+        if facts is not None:
+            out[key] = facts
+    return out
+
+
+def _constants_behind(value, precisions: list, target: Precision):
+    """(constant, via) for each fp32 constant whose values reach `value`: `value` itself, or one
+    read through fp32 ops of hazards.PASS_ON_OPS (at most REACH_DEPTH of them) that produce it."""
+    stack: list = [(value, ())]
+    seen = set()
+    while stack:
+        current, via = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if is_constant(current):
+            yield current, via
+            continue
+        producer = current.producer
+        if (
+            producer is None
+            or producer.domain != ""
+            or producer.op not in PASS_ON_OPS
+            or precisions[producer.id] == target  # its output is low already: its own inputs are judged
+            or len(via) >= REACH_DEPTH
+        ):
+            continue
+        for source in producer.inputs:
+            if source is not None and source.dtype == FLOAT:
+                stack.append((source, (*via, producer)))
+
+
+def _range_hazard(constant, target: Precision) -> RangeFacts | None:
+    """The range facts of a constant in the target type when it has no headroom there, else None."""
+    data = constant_array(constant)
+    if data is None or not data.size or target.elem_type is None:
+        return None
+    facts = range_facts(data, target.elem_type)
+    return facts if facts.out_of_range else None
+
+
+def clamp_forced_constants(index: GraphIndex, plan: PrecisionPlan, direct: bool = True) -> None:
+    """Record in `plan.clamp_initializers` every constant of a ForcedReach, with a warning naming
+    it and the node: the rewrite clamps its values to the target type's finite range where they
+    enter low precision (a converted copy is clamped; a cast into the node gets a Clip before it,
+    rewrite/apply.py). A constant the plan already clamps is left as it is (no second warning).
+    `direct` False leaves out the initializers a low node reads itself (a fresh plan: classify's
+    data rules clamp them for a forced node already)."""
+    elem = plan.target.elem_type
+    if elem is None:
+        raise InternalCheckError(f"clamp_forced_constants: target {plan.target} has no element type")
+    reaches = forced_low_reach(index, plan, direct)
+    by_constant: dict[str, list[ForcedReach]] = {}
+    for reach in reaches:
+        by_constant.setdefault(reach.constant.name, []).append(reach)
+    tname = dtype_name(elem)
+    largest = LIMITS[elem][0]
+    for name, group in by_constant.items():
+        if name in plan.clamp_initializers:
+            continue
+        first = group[0]
+        sentence = range_sentence(name, first.facts, tname)
+        nodes = f"node {first.node.label} ({first.node.op})"
+        others = len({id(r.node) for r in group}) - 1
+        if others:
+            nodes += f" and {others} more"
+        if not first.via:
+            what = (
+                f"{nodes}, forced to {tname}, reads it: its values are clamped to ±{largest:g} where they become "
+                f"{tname}, and sums with them in {tname} may still overflow"
+            )
+        else:
+            ops = ", ".join(dict.fromkeys(n.op for n in reversed(first.via)))
+            what = (
+                f"it reaches {nodes}, forced to {tname}, through {ops} (fp32) and the cast into it: values beyond "
+                f"±{largest:g} are clamped to it there (a Clip before the cast) instead of becoming ±inf, which "
+                f"a fully masked softmax row would turn into NaN"
+            )
+        message = f"{sentence}; {what}"
+        plan.clamp_initializers[name] = message
+        plan.warnings.append(PlanWarning("data-range", message, first.node.label))
+
+
+# ---- a conversion that leaves most of the work fp32 --------------------------------------------
+LITTLE_SHARE = 0.5  # below this share of the MatMul/Gemm/Conv work in low precision, the plan warns
+LITTLE = "little-conversion"  # its warning code
+
+
+def warn_little_conversion(index: GraphIndex, plan: PrecisionPlan, work: list | None) -> None:
+    """A plan warning when less than LITTLE_SHARE of the main graph's MatMul/Gemm/Conv work (its
+    multiply-accumulates, `work`: (node id, MACs or None, ...) per such node; by node count when a
+    shape is unknown) ends in the target type: the conversion then gains little, and the summary's
+    "converted to bf16" alone would hide it. The warning gives the share, the reason that keeps
+    most of that work fp32 (the most common deciding reason, by work) and, when it is the op's
+    schema at the model's opset, the first opset whose schema has the type (a bf16 Conv needs 22)."""
+    target = plan.target
+    sizes = {item[0]: item[1] for item in work} if work is not None else {}  # (node id, MACs, ...)
+    candidates = [index.nodes[i] for i in sizes] if work is not None else index.main.nodes
+    precisions, planned = plan.precisions, (target, Precision.FP32)
+    nodes = [n for n in candidates if n.op in MAC_OPS and precisions[n.id] in planned]
+    if not nodes:
+        return
+    by_macs = all(isinstance(sizes.get(n.id), int) and sizes[n.id] >= 0 for n in nodes)
+    weight = {n.id: (sizes[n.id] if by_macs else 1) for n in nodes}
+    total = sum(weight.values())
+    low = sum(weight[n.id] for n in nodes if plan.precisions[n.id] == target)
+    if not total or low >= LITTLE_SHARE * total:
+        return
+    tname = dtype_name(target.elem_type)
+    kept = [n for n in nodes if plan.precisions[n.id] != target]
+    if by_macs:
+        share = f"{100 * low / total:.1f}% of the MatMul/Gemm/Conv work ({low:,} of {total:,} multiply-accumulates)"
+    else:
+        share = f"{low} of {total} MatMul/Gemm/Conv nodes (counted by node: some of their shapes are unknown)"
+    why = _kept_because(index, plan, kept, weight)
+    if why is not None:
+        plan.warnings.append(PlanWarning(LITTLE, f"only {share} runs in {tname}: {why}", None))
+
+
+# deciding reasons that are the user's own choice: the plan does what was asked, nothing to warn of
+_USER_CHOICE = frozenset({"cli-exclude", "node-rule"})
+
+
+def _kept_because(index: GraphIndex, plan: PrecisionPlan, kept: list, weight: dict) -> str | None:
+    """Why the fp32 MatMul/Gemm/Conv nodes `kept` are fp32: the deciding reason that holds most of
+    their work, with what would change it; None when that reason is the user's own selection
+    (--exclude-op, --exclude-node, a [[nodes]] rule)."""
+    entries = plan.nodes
+    by_code: dict[str, list] = {}
+    for node in kept:
+        reasons = entries[node.id].reasons
+        by_code.setdefault(reasons[-1].code if reasons else "unknown", []).append(node)
+    code, group = max(by_code.items(), key=lambda item: sum(weight[n.id] for n in item[1]))
+    if code in _USER_CHOICE:
+        return None
+    first = group[0]
+    reasons = entries[first.id].reasons
+    why = reasons[-1].message if reasons else "no reason recorded"
+    ops = ", ".join(sorted({n.op for n in group}))
+    text = f"{len(group)} of the {len(kept)} fp32 {ops} nodes stay fp32 for the reason '{code}' ({first.label}: {why})"
+    if code == "schema":
+        opset = index.opset(first.domain) or 0
+        allowing = first_opset_with(first.domain, first.op, plan.target, opset)
+        if allowing is not None:
+            return (
+                f"{text}; {first.op} has {dtype_name(plan.target.elem_type)} from opset {allowing}: convert the model "
+                f"to opset {allowing} first (onnx.version_converter), or choose another --precision"
+            )
+        return f"{text}; no opset of this onnx package gives {first.op} that type: choose another --precision"
+    return f"{text}; see `autocast-onnx explain MODEL '{first.name}'`"
+
+
+def first_opset_with(domain: str, op: str, target: Precision, after: int) -> int | None:
+    """The first opset after `after` at which the schema of `op` admits the `target` type for its
+    first input (the data a MatMul, Gemm or Conv computes on), or None."""
+    elem = target.elem_type
+    if elem is None:
+        return None
+    latest = onnx.defs.onnx_opset_version()
+    for version in range(after + 1, latest + 1):
+        sig = signatures.lookup(domain, op, version)
+        if sig is not None and sig.since_version > after and schema_role(sig, sig.input_param(0), elem) == _FOLLOW:
+            return version
+    return None

@@ -27,12 +27,28 @@ def check_plan_fits(plan: PrecisionPlan, index: GraphIndex) -> None:
     where = plan.source or "<plan>"
     _check_same_model(plan, index, where)
     _check_named_tensors(plan, index, where)
+    edited = 0
+    # a file written before plans recorded `planned` cannot tell an edit: its every node keeps the
+    # last reason plan-replay, as then
+    legacy = all(entry.planned is None for entry in plan.nodes)
     for entry, node in zip(plan.nodes, index.nodes):
         _check_entry(plan, entry, node, index, where)
-        # the precision's last reason is the file that set it (one such reason, however often replayed)
-        entry.reasons = [r for r in entry.reasons if r.code != "plan-replay"]
-        entry.reasons.append(Reason("plan-replay", f"precision {entry.precision} as written in the plan", where))
-    log.debug("plan replay: %s fits the model (%d nodes)", where, len(index.nodes))
+        # a node keeps the reasons the file gives it; an edited one gets a last reason naming the
+        # file (one such reason, however often the plan is written out and replayed again)
+        entry.reasons = [r for r in entry.reasons if r.code not in REPLAY_CODES]
+        if legacy:
+            entry.reasons.append(Reason("plan-replay", f"precision {entry.precision} as written in the plan", where))
+        elif entry.edited:
+            edited += 1
+            entry.reasons.append(
+                Reason("plan-edit", f"edited in the plan to {entry.precision} (planning gave {entry.planned})", where)
+            )
+    plan.replayed = True
+    log.debug("plan replay: %s fits the model (%d nodes, %d edited)", where, len(index.nodes), edited)
+
+
+# The reasons replay gives: plan-edit, and plan-replay (every node of a file without `planned`)
+REPLAY_CODES = ("plan-edit", "plan-replay")
 
 
 def _check_same_model(plan: PrecisionPlan, index: GraphIndex, where: str) -> None:

@@ -40,9 +40,11 @@ def check_summary(report: dict) -> str:
     lines.append(f"  lint ({label}): {before['error']} error, {before['warning']} warning, {before['info']} info")
     conv = report["conversion"]
     counts = ", ".join(f"{k} {v}" for k, v in conv["counts"].items() if v)
-    lines.append(
-        f"  convert to {conv['precision']}: {counts}; {conv['casts_added']} casts; {len(conv['warnings'])} warning(s)"
-    )
+    # the report lists every plan warning's message; the flush notes (nothing to act on) are
+    # counted apart, as convert's summary counts them
+    notes = sum(1 for message in conv["warnings"] if _is_flush_note(message))
+    said = f"{len(conv['warnings']) - notes} warning(s)" + (f", {notes} note(s)" if notes else "")
+    lines.append(f"  convert to {conv['precision']}: {counts}; {conv['casts_added']} casts; {said}")
     after = report["lint_converted"]["summary"]
     lines.append(f"  lint (converted model): {after['error']} error, {after['warning']} warning, {after['info']} info")
     v = report.get("validation")
@@ -71,3 +73,11 @@ def check_summary(report: dict) -> str:
         "result: " + ("PASS" if gate["passed"] else "FAIL") + (" (against the baseline)" if gate["baseline"] else "")
     )
     return "\n".join(lines)
+
+
+def _is_flush_note(message: str) -> bool:
+    """Whether a plan warning's message is a flush note (summary.NOTE_CODES): a constant's own
+    counts ('3 of 589824 nonzero values ...') and the node it was converted for."""
+    from .summary import flushed_fraction
+
+    return flushed_fraction(message) is not None and "; converted for " in message

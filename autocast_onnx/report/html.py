@@ -88,15 +88,23 @@ def _stacked(rows, width=640, bar_h=20, label_w=200):
 
 
 def failed_metrics(o: dict, t: dict) -> set[str]:
-    """The metrics of one output's summary that failed their thresholds (what the report colours)."""
+    """The metrics of one output's summary that failed their thresholds (what the report colours):
+    its own thresholds where it has them (`thresholds.outputs`); a probability map judged by IoU
+    answers to atol, rtol and min-cosine only where it sets them itself (metrics.verdict)."""
+    own = t.get("outputs", {}).get(o["name"], {})
+    t = {**t, **own}
+    as_map = o.get("map") is not None and t.get("min_iou") is not None
+    raw = {k for k in ("atol", "rtol", "min_cosine") if not as_map or k in own}
     out = set()
     if o["new_nan"] or o["new_inf"]:
         out.add("nonfinite")
-    if t.get("atol") is not None and o["max_abs_error"] > t["atol"]:
+    if as_map and o["map"]["iou"] < t["min_iou"]:
+        out.add("iou")
+    if "atol" in raw and t.get("atol") is not None and o["max_abs_error"] > t["atol"]:
         out.add("max_abs")
-    if t.get("rtol") is not None and o["relative_error"] > t["rtol"]:
+    if "rtol" in raw and t.get("rtol") is not None and o["relative_error"] > t["rtol"]:
         out.add("relative")
-    if t.get("min_cosine") is not None and o["cosine"] < t["min_cosine"]:
+    if "min_cosine" in raw and t.get("min_cosine") is not None and o["cosine"] < t["min_cosine"]:
         out.add("cosine")
     if t.get("min_top1") is not None and o["top1"] is not None and o["top1"] < t["min_top1"]:
         out.add("top1")

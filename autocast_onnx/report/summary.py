@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
-from ..plan.model import PRECISIONS
+from ..plan.model import NOTE_CODES, PRECISIONS
 from .cost import conversion_cost, cost_line
 
 CATEGORY_ORDER = ("low_precision", "follow", "keep_fp32", "clear", "non_float", "control_flow")
@@ -39,7 +40,9 @@ def summary_dict(result) -> dict:
         "constant_bytes_before": result.constant_bytes_before,
         "constant_bytes_after": result.constant_bytes_after,
         "fp32_by_reason": fp32_by_reason(plan),
-        "warnings": len(plan.warnings),
+        "warnings": sum(1 for w in plan.warnings if w.code not in NOTE_CODES),
+        "notes": sum(1 for w in plan.warnings if w.code in NOTE_CODES),
+        **({"edited_nodes": [n.label for n in plan.nodes if n.edited]} if plan.replayed else {}),
         "outputs_renamed": list(result.stats.outputs_renamed),
         "graphs_sorted": list(result.stats.graphs_sorted),
         "clamped_values": result.stats.clamped_values,
@@ -68,8 +71,11 @@ REASON_LABELS = {
     "unknown-type": "unknown tensor type",
     "control-flow": "control flow",
     "consumers-need": "feeds only fp32 consumers",
+    "plan-edit": "edited in the plan",
     "plan-replay": "replayed plan",
 }
+
+_FLUSHED = re.compile(r"^(\d+) of (\d+) nonzero values")
 
 
 def fp32_by_reason(plan) -> dict[str, int]:
@@ -82,7 +88,9 @@ def fp32_by_reason(plan) -> dict[str, int]:
     return dict(counts.most_common())
 
 
-def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 10) -> str:
+def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 10, verbose: bool = False) -> str:
+    """The summary `convert` prints (docs/summary.md, line by line); `verbose` (-v) lists each
+    note that the summary otherwise counts in one line."""
     s = summary_dict(result)
     plan = result.plan
     cols = [p for p in PRECISIONS if s["precision"].get(p)]
@@ -129,12 +137,9 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         )
     if stats.clamped_values:
         lines.append(f"values clamped to the finite {plan.target} range (forced by a rule): {stats.clamped_values}")
-    if plan.warnings:
-        lines.append(f"warnings: {len(plan.warnings)}")
-        for w in plan.warnings[:max_warnings]:
-            lines.append(f"  [{w.code}] {w.message}")
-        if len(plan.warnings) > max_warnings:
-            lines.append(f"  ... {len(plan.warnings) - max_warnings} more (see --plan-out)")
+    if plan.replayed:
+        lines.append(replay_line(plan))
+    lines.extend(warning_lines(plan.warnings, plan.target.value, max_warnings, verbose))
     secs = result.seconds
     stages = ", ".join(f"{k} {v:.3f}" for k, v in secs.items() if k != "total")
     lines.append(f"time: {secs.get('total', sum(secs.values())):.3f} s ({stages})")
@@ -167,4 +172,55 @@ def _training_lines(training: dict) -> list[str]:
         lines.append(f"  loss scaling: {mode} (already in the model)" if mode != "none" else "  loss scaling: none")
     else:
         lines.append("  loss scaling: not applicable (gradients computed by ai.onnx.preview.training ops, kept fp32)")
+    return lines
+
+
+def replay_line(plan) -> str:
+    """Where a replayed plan came from and which of its nodes the file edits (their precision
+    differs from the one planning gave when the file was written)."""
+    source = plan.source or "a plan given in memory"
+    if all(n.planned is None for n in plan.nodes):
+        return (
+            f"plan replayed from {source} (the file records no planned precisions: edits cannot be told apart; "
+            "--plan-out writes them)"
+        )
+    edited = [n for n in plan.nodes if n.edited]
+    if not edited:
+        return f"plan replayed from {source}: no node edited"
+    shown = ", ".join(f"{n.label} {n.planned} -> {n.precision}" for n in edited[:5])
+    more = f", ... ({len(edited)} in all)" if len(edited) > 5 else ""
+    return f"plan replayed from {source}: {len(edited)} of {len(plan.nodes)} nodes edited ({shown}{more})"
+
+
+def flushed_fraction(message: str) -> float | None:
+    """The fraction of a constant's nonzero values that flush, read from a flush note's own
+    counts ('3 of 589824 nonzero values of ...'); None for any other message."""
+    found = _FLUSHED.match(message)
+    if found is None or not int(found.group(2)):
+        return None
+    return int(found.group(1)) / int(found.group(2))
+
+
+def warning_lines(warnings, target: str, max_warnings: int = 10, verbose: bool = False) -> list[str]:
+    """The warnings that need action, one line each (the first `max_warnings`), then the notes
+    that need none (NOTE_CODES) in one line with their count and worst fraction; `verbose` lists
+    each note too."""
+    act = [w for w in warnings if w.code not in NOTE_CODES]
+    notes = [w for w in warnings if w.code in NOTE_CODES]
+    lines = []
+    if act:
+        lines.append(f"warnings: {len(act)}")
+        for w in act[:max_warnings]:
+            lines.append(f"  [{w.code}] {w.message}")
+        if len(act) > max_warnings:
+            lines.append(f"  ... {len(act) - max_warnings} more (see --plan-out)")
+    if notes:
+        fractions = [f for f in (flushed_fraction(w.message) for w in notes) if f is not None]
+        worst = f"; worst {max(fractions) * 100:.2g}% of a tensor's nonzero values" if fractions else ""
+        lines.append(
+            f"notes: {len(notes)} constant(s) with a few values that flush to zero in {target}, converted as "
+            f"the rules allow{worst} ({'listed below' if verbose else '-v lists them'}; --plan-out keeps them)"
+        )
+        if verbose:
+            lines.extend(f"  [{w.code}] {w.message}" for w in notes)
     return lines

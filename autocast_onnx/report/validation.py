@@ -9,6 +9,55 @@ def _g(x, fmt=".3g"):
     return "-" if x is None else format(x, fmt)
 
 
+def _fixed(gen: dict) -> str:
+    """How a continuation fit a fixed sequence length, or nothing."""
+    length = gen.get("fixed_length")
+    return f", right-padded to the fixed length {length}" if length else ""
+
+
+def _output_lines(o: dict, report: dict) -> list[str]:
+    """One output's row of the table, then what qualifies it: a probability map's masks, the
+    padded positions left out, the scale its relative error is measured against, its failures."""
+    lines = [
+        f"  {o['name'][:24]:<24} {_g(o['max_abs_error']):>10} {_g(o['relative_error']):>10} "
+        f"{_g(o['mean_abs_error']):>10} {_g(o['cosine'], '.6f'):>10} {_g(o['top1'], '.3f'):>6} "
+        f"{o['new_nan'] + o['new_inf']:>8}  {'pass' if o['passed'] else 'FAIL'}"
+    ]
+    m = o.get("map")
+    if m:
+        own = report["thresholds"].get("outputs", {}).get(o["name"], {})
+        limit = own.get("min_iou", report["thresholds"].get("min_iou"))
+        judged = f"judged by IoU >= min-iou {limit:g}" if limit is not None else "IoU informational (no min-iou)"
+        lines.append(
+            f"      probability map ({m['kind']}): IoU {m['iou']:.4f} of the masks at > {m['threshold']:g}, "
+            f"{m['flipped']} of {m['pixels']} pixels flip ({100 * m['flipped_fraction']:.3g}%); {judged}"
+        )
+    padding = o.get("padding")
+    if padding and padding["positions"]:
+        lines.append(
+            f"      padded positions not compared: {padding['positions']} ({padding['mask']} marks them padding; "
+            "--compare-padded compares them)"
+        )
+    scale = o.get("relative_scale")
+    if scale is not None and scale > o["max_abs_reference"] and o["max_abs_error"]:
+        lines.append(
+            f"      rel is max abs / {scale:.3g}, the low-precision resolution at 1: max |reference| "
+            f"{o['max_abs_reference']:.3g} is below it"
+        )
+    lines.extend(f"      - {failure}" for failure in o["failures"])
+    return lines
+
+
+def _thresholds_line(t: dict) -> str:
+    """The limits in force, then each output's own (`; prob_map: rtol 0.05`)."""
+    text = "thresholds: " + ", ".join(
+        f"{k.replace('_', '-')} {v:g}" for k, v in t.items() if v is not None and k != "outputs"
+    )
+    for name, own in t.get("outputs", {}).items():
+        text += f"; {name}: " + ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in own.items())
+    return text
+
+
 def validation_text(report: dict) -> str:
     lines = []
     ref, conv = report["reference"], report["converted"]
@@ -26,29 +75,27 @@ def validation_text(report: dict) -> str:
     header = f"  {'output':<24} {'max abs':>10} {'rel':>10} {'mean abs':>10} {'cosine':>10} {'top1':>6} {'nan/inf':>8}  verdict"
     lines.append(header)
     for o in report["outputs"]:
-        lines.append(
-            f"  {o['name'][:24]:<24} {_g(o['max_abs_error']):>10} {_g(o['relative_error']):>10} "
-            f"{_g(o['mean_abs_error']):>10} {_g(o['cosine'], '.6f'):>10} {_g(o['top1'], '.3f'):>6} "
-            f"{o['new_nan'] + o['new_inf']:>8}  {'pass' if o['passed'] else 'FAIL'}"
-        )
-        for failure in o["failures"]:
-            lines.append(f"      - {failure}")
+        lines.extend(_output_lines(o, report))
     scored = [f"{o['name']} ({o['class_scores']})" for o in report["outputs"] if o.get("class_scores")]
     lines.append(
         "class scores (top-1 over the last axis): "
         + (", ".join(scored) if scored else "none")
         + ("" if scored else " (--class-output NAME scores one)")
     )
-    t = report["thresholds"]
-    lines.append("thresholds: " + ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in t.items() if v is not None))
+    lines.append(_thresholds_line(report["thresholds"]))
+    if report.get("compare_padded"):
+        lines.append("padded positions: compared too (--compare-padded)")
     gen = report.get("generation")
     if gen:
         agree = ", ".join(f"{a}/{gen['tokens']}" for a in gen["agreeing_tokens"])
         lines.append(
             f"greedy continuation ({gen['tokens']} tokens after {gen['prompts']} prompt(s) of {gen['prompt_length']}"
-            f"{', with the KV cache' if gen['cache'] else ''}): tokens agreeing before the first divergence {agree}"
+            f"{', with the KV cache' if gen['cache'] else ''}"
+            f"{_fixed(gen)}): tokens agreeing before the first divergence {agree}"
             + (" (all agree)" if gen["all_agree"] else "")
         )
+    if report.get("generation_skipped"):
+        lines.append(report["generation_skipped"])
     speed = report.get("speed")
     if speed:
         r, c = speed["reference"], speed["converted"]

@@ -22,6 +22,7 @@ from ..dtypes import (
     BFLOAT16,
     FLOAT,
     FLOAT16,
+    LIMITS,
     MIXABLE,
     bf16_bits_to_float,
     dtype_name,
@@ -33,6 +34,7 @@ from ..graph import GraphIndex
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..plan.classify import chunked
 from ..plan.model import PrecisionPlan
+from ..plan.paint import forced_low_reach
 from ..plan.vocab import PortRole, Precision, required_type
 from .checks import check_container_elements
 from .edit import Names, cast_node, write_nodes
@@ -72,6 +74,7 @@ class _Edit:
     jobs: list = field(default_factory=list)  # initializer conversions, run in one batch
     new_sparse: dict = field(default_factory=dict)  # scope id -> new sparse initializers
     sparse_jobs: list = field(default_factory=list)  # conversions of sparse initializers' values
+    saturate: set = field(default_factory=set)  # id(Value) of fp32 tensors clipped before their cast to low
 
     def need(self, consumer, port: int, value) -> int | None:
         return required_type(self.plan.roles_in[consumer.id][port], self.node_type[consumer.id], value.dtype)
@@ -137,6 +140,7 @@ def apply_plan(
     edit = _Edit(index, plan, node_type, stats, Names(index))
     _output_types(edit)
     _low_precision_inputs(edit)
+    edit.saturate = _saturated(index, plan)
     _insert_casts(edit)
     check_container_elements(index.nodes, edit.final_type)
     _run_conversions(edit.jobs, stats, sink, converted)
@@ -261,9 +265,53 @@ def _insert_casts(edit: _Edit) -> None:
                         consumer.proto.input[port] = exact.name
                     continue
                 cast_out = edit.names.fresh(f"{value.name}_{dtype_name(need)}")
-                edit.add_cast(value, src_name, cast_out, need)
+                source = src_name
+                if need != FLOAT and id(value) in edit.saturate:
+                    source = _clip(edit, value, src_name, need)
+                edit.add_cast(value, source, cast_out, need)
                 for consumer, port in users:
                     consumer.proto.input[port] = cast_out
+
+
+def _saturated(index: GraphIndex, plan: PrecisionPlan) -> set:
+    """The fp32 tensors whose cast into a low-precision node gets a Clip to the target's finite
+    range first: those through which a constant the plan clamps (clamp_initializers) reaches the
+    node (plan.paint.forced_low_reach: the same walk that warned of it)."""
+    if not plan.clamp_initializers:
+        return set()
+    clamp = plan.clamp_initializers
+    return {
+        id(reach.boundary)
+        for reach in forced_low_reach(index, plan, direct=False)
+        if reach.boundary is not None and reach.constant.name in clamp
+    }
+
+
+def _clip(edit: _Edit, value, src_name: str, to: int) -> str:
+    """A Clip of `src_name` (the fp32 tensor `value`) to the finite range of type `to`, placed
+    where its cast goes (right after the producer of `value`); returns the clipped tensor. The
+    cast after it then gives ±65504 (fp16) where it would give ±inf. Clip takes its bounds as
+    inputs from opset 11, as attributes before."""
+    largest = float(LIMITS[to][0])
+    out = edit.names.fresh(f"{value.name}_clipped")
+    name = edit.names.fresh_node(out)
+    opset = edit.index.opset("") or 0
+    if opset >= 11:
+        low, high = edit.names.fresh(f"{out}_min"), edit.names.fresh(f"{out}_max")
+        edit.new_inits.setdefault(value.scope.id, []).extend(
+            [
+                numpy_helper.from_array(np.array(-largest, np.float32), low),
+                numpy_helper.from_array(np.array(largest, np.float32), high),
+            ]
+        )
+        proto = helper.make_node("Clip", [src_name, low, high], [out], name=name)
+    else:
+        proto = helper.make_node("Clip", [src_name], [out], name=name, min=-largest, max=largest)
+    if value.producer is not None:
+        edit.after.setdefault(value.producer.id, []).append(proto)
+    else:
+        edit.head.setdefault(value.scope.id, []).append(proto)
+    return out
 
 
 def _keep_graph_output(edit: _Edit, value, have: int, out_need: int) -> str:

@@ -1,5 +1,7 @@
 """Stage: final checks on the rewritten model. A failure here is a bug in autocast-onnx, not
-bad input, so it raises InternalCheckError and is never hidden.
+bad input, so it raises InternalCheckError (a CheckerRefusal for onnx.checker) and is never
+hidden, with one exception: when the input fails the same check the same way, the defect is the
+input's, which the conversion kept (blame_input_for: exit 2, naming the defect and --check none).
 
 onnxruntime-training writes a few of its own ops into the default domain (MaxPoolGrad,
 AveragePoolGrad, SparseSoftmaxCrossEntropy(Grad)), which onnx.checker rejects even in the input.
@@ -21,7 +23,7 @@ import onnx
 
 from ..catalog.loader import normalize_domain
 from ..dtypes import MIXABLE, dtype_name
-from ..errors import InternalCheckError
+from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR
 from ..io import all_graphs
 
@@ -31,9 +33,20 @@ _ORT_DOMAIN = "com.microsoft"
 _INPUT_TOLERATED = re.compile(r"Field 'shape' of 'type' is required|Field 'name' of 'graph'")
 
 
+class CheckerRefusal(InternalCheckError):
+    """onnx.checker refused the converted model: `said` is the checker's first line, `full`
+    whether shape and type inference ran. A bug unless the input is refused alike
+    (blame_input_for)."""
+
+    def __init__(self, said: str, full: bool):
+        super().__init__(f"the converted model fails onnx.checker: {said}")
+        self.said = said
+        self.full = full
+
+
 def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
     """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes;
-    a failure is an InternalCheckError (the conversion made a model the checker refuses) unless
+    a failure is a CheckerRefusal (the conversion made a model the checker refuses) unless
     the input was at fault (_check_again)."""
     if isinstance(model, onnx.ModelProto) and model.ByteSize() > CHECK_LIMIT:
         return  # checked from the saved file instead (see convert_file)
@@ -41,6 +54,51 @@ def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
         onnx.checker.check_model(model, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         _check_again(model, exc, full)
+
+
+def blame_input_for(failure: BaseException, source, where: str) -> None:
+    """After a conversion failed with `failure`: when it is (or was caused by) a CheckerRefusal,
+    run the same check on the input `source` (its path, or the model as the caller gave it) and
+    raise an AutocastError (exit 2) if the input fails it the same way: the defect is the input's,
+    which the conversion kept, not a bug. Returns otherwise (the failure stands)."""
+    refusal = _refusal_in(failure)
+    if refusal is None or source is None:
+        return
+    try:
+        if isinstance(source, (onnx.ModelProto, bytes)):
+            check_result(source, full=refusal.full)
+        else:
+            check_file(source, full=refusal.full)
+    except CheckerRefusal as again:
+        if _same_defect(again.said, refusal.said):
+            raise AutocastError(
+                f"the input model fails onnx.checker{' (full check)' if refusal.full else ''} as the converted one "
+                f"does, a defect the conversion keeps: {refusal.said}",
+                where,
+                "fix the input model (re-export it), or pass --check none to write the converted model unchecked",
+            ) from None
+    except Exception:  # the input cannot even be checked again: the failure stands as it is
+        return
+
+
+def _refusal_in(failure: BaseException | None) -> CheckerRefusal | None:
+    """The CheckerRefusal that `failure` is or was raised from (a stage wraps it), if any."""
+    seen = 0
+    while failure is not None and seen < 8:
+        if isinstance(failure, CheckerRefusal):
+            return failure
+        failure = failure.__cause__ or failure.__context__
+        seen += 1
+    return None
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def _same_defect(a: str, b: str) -> bool:
+    """Whether two checker messages report the same defect: equal once the names they quote are
+    left out (the conversion may rename a tensor the message names, e.g. a graph output's producer)."""
+    return a == b or _QUOTED.sub("''", a) == _QUOTED.sub("''", b)
 
 
 # Ops whose tensors are a container's elements: op -> (the container port, the tensor ports bound to
@@ -112,7 +170,7 @@ def _check_again(model, exc: Exception, full: bool) -> None:
             return
     patched = _ort_default_domain_ops_moved(model) or _sparse_made_dense(model)
     if patched is None:
-        raise _failure(exc) from exc
+        raise _failure(exc, full) from exc
     check_result(patched, full)
 
 
@@ -125,13 +183,13 @@ def _check_inference(model) -> None:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         patched = _ort_default_domain_ops_moved(model) or _sparse_made_dense(model)
         if patched is None:
-            raise _failure(exc) from exc
+            raise _failure(exc, True) from exc
         _check_inference(patched)
 
 
-def _failure(exc: Exception) -> InternalCheckError:
+def _failure(exc: Exception, full: bool) -> CheckerRefusal:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return InternalCheckError(f"the converted model fails onnx.checker: {first}")
+    return CheckerRefusal(first, full)
 
 
 def _shapes_and_names_filled(model) -> onnx.ModelProto | None:

@@ -27,12 +27,15 @@ class OutputComparison:
     new_nan: int
     new_inf: int
     failures: tuple[str, ...]
+    iou: float | None = None  # a probability map's IoU of the masks at its threshold
+    padded_positions: int = 0  # positions an attention mask marks as padding, not compared
 
     def __repr__(self) -> str:
         top1 = "" if self.top1 is None else f", top1 {self.top1:.4f}"
+        iou = "" if self.iou is None else f", IoU {self.iou:.4f}"
         return (
             f"<{self.name}: {'pass' if self.passed else 'FAIL'}, max abs {self.max_abs_error:.3g}, "
-            f"rel {self.relative_error:.3g}, cosine {self.cosine:.6f}{top1}>"
+            f"rel {self.relative_error:.3g}, cosine {self.cosine:.6f}{top1}{iou}>"
         )
 
 
@@ -62,6 +65,8 @@ class ValidationReport(Mapping):
                 o["new_nan"],
                 o["new_inf"],
                 tuple(o["failures"]),
+                iou=o["map"]["iou"] if o.get("map") else None,
+                padded_positions=o["padding"]["positions"] if o.get("padding") else 0,
             )
             for o in self.data["outputs"]
         ]
@@ -116,25 +121,32 @@ def validate(
     seed: int = 0,
     device: str = "auto",
     numerics: str = "auto",
-    atol: float | None = None,
-    rtol: float | None = None,
-    min_cosine: float | None = None,
-    min_top1: float | None = None,
+    atol: float | Mapping[str, float] | None = None,
+    rtol: float | Mapping[str, float] | None = None,
+    min_cosine: float | Mapping[str, float] | None = None,
+    min_top1: float | Mapping[str, float] | None = None,
+    min_iou: float | Mapping[str, float] | None = None,
+    map_threshold: float | Mapping[str, float] | None = None,
+    compare_padded: bool = False,
     class_outputs=(),
-    speed: bool = True,
+    speed: bool | None = None,
     iterations: int = 20,
     warmup: int = 3,
     strict: bool = False,
     generate: int = 16,
+    save_inputs=None,
 ) -> ValidationReport:
     """Compare `converted` against `reference` (paths or ModelProtos), as `autocast-onnx validate`:
-    per-output accuracy on `inputs` (an .npz file or folder) or generated batches, and speed. For a
-    causal LM, `generate` tokens of greedy continuation are compared too (0: none).
-    Thresholds left None take the CLI's defaults (rtol 0.01, min_cosine 0.999, min_top1 0.99)."""
-    from ..options import check_threshold
+    per-output accuracy on `inputs` (an .npz file or folder) or generated batches, and speed (None:
+    timed on CUDA only; True or False forces it). For a causal LM, `generate` tokens of greedy
+    continuation are compared too (0: none). `save_inputs` writes the generated batch to an .npz
+    first. Thresholds left None take the CLI's defaults (rtol 0.01, min_cosine 0.999, min_top1 0.99,
+    min_iou 0.99, map_threshold 0.5); each takes a number for every output, a mapping {output: X}
+    for some, or a list mixing numbers and "NAME=X" strings as the command line does. Positions an
+    attention mask marks as padding are left out unless `compare_padded`."""
+    from ..options import save_inputs_path, thresholds_from
     from .core import ValidateOptions
     from .core import validate as _validate
-    from .metrics import Thresholds
 
     if inputs is not None and (dims or ranges or batches != 1 or seed != 0):
         raise AutocastError(
@@ -146,13 +158,15 @@ def validate(
         raise AutocastError(
             f"generate= must be a whole number from 0 to 1024, not {generate!r}", None, "e.g. generate=16"
         )
-    thresholds = Thresholds()
-    for key, value in (("atol", atol), ("rtol", rtol), ("min_cosine", min_cosine), ("min_top1", min_top1)):
-        if value is not None:
-            check_threshold(key, value, key + "=", "fix the threshold")
-            setattr(thresholds, key, float(value))
+    limits = {"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "min_top1": min_top1, "min_iou": min_iou}
+    thresholds = thresholds_from({}, limits | {"map_threshold": map_threshold}, keywords=True)
+    if not isinstance(compare_padded, bool):
+        raise AutocastError(f"compare_padded= must be True or False, not {compare_padded!r}", None, "fix it")
+    if speed is not None and not isinstance(speed, bool):
+        raise AutocastError(f"speed= must be True, False or None, not {speed!r}", None, "e.g. speed=True")
     options = ValidateOptions(
         inputs=os.fspath(inputs) if inputs is not None else None,
+        save_inputs=save_inputs_path(save_inputs),
         dims=dict(dims or {}),
         ranges=dict(ranges or {}),
         batches=batches,
@@ -166,5 +180,6 @@ def validate(
         class_outputs=list(class_outputs),
         strict=strict,
         generate=generate,
+        compare_padded=compare_padded,
     )
     return ValidationReport(_validate(reference, converted, options))

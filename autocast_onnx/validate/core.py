@@ -4,6 +4,7 @@ docs/validate-report.schema.json)."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,9 @@ from ..graph import build_index
 from ..graph.sanity import load_checked
 from . import generation, runner
 from .emulate import emulation_model, session_as_is
-from .inputs import describe_inputs, generate, load_batches, plan_inputs
-from .metrics import OutputStats, Thresholds, verdict
+from .inputs import describe_batch, describe_inputs, generate, load_batches, plan_inputs, save_batch
+from .masks import Padding
+from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, verdict
 
 SCHEMA_VERSION = 1
 CPU_SPEED_NOTE = (
@@ -31,6 +33,7 @@ CPU_SPEED_NOTE = (
 @dataclass(frozen=True)
 class ValidateOptions:
     inputs: str | None = None  # .npz file or folder of .npz files
+    save_inputs: str | None = None  # write the generated batch here (.npz) before the models run
     dims: dict = field(default_factory=dict)
     ranges: dict = field(default_factory=dict)
     batches: int = 1  # generated batches when no inputs are given
@@ -38,12 +41,13 @@ class ValidateOptions:
     device: str = "auto"  # auto, cpu, cuda
     numerics: str = "auto"  # auto, emulate, plain
     thresholds: Thresholds = field(default_factory=Thresholds)
-    speed: bool = True
+    speed: bool | None = None  # None: time the models where it means something (CUDA), not on CPU
     iterations: int = 20
     warmup: int = 3
     class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
     strict: bool = False  # a comparison that compares nothing (see `warnings`) fails
     generate: int = 16  # causal LMs: tokens of greedy continuation to compare (0: none)
+    compare_padded: bool = False  # also compare the positions an attention mask marks as padding
 
 
 @dataclass(frozen=True)
@@ -113,16 +117,17 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
     numerics = _resolve_numerics(options.numerics, device)
     specs, plan = _input_plan(ref, conv, options)
     lm = generation.recognise(ref.model)
-    cached = lm is not None and lm.has_cache and not options.inputs
+    cached = lm is not None and lm.has_cache and not lm.fixed_cache and not options.inputs
     batches = [] if cached else _given_batches(specs, plan, options)
-    sessions = _sessions(ref, conv, device, numerics, options.speed, progress)
+    sessions = _sessions(ref, conv, device, numerics, timed(options, device), progress)
     if cached and lm is not None:
         batches = _cached_batches(lm, sessions.reference, plan, options)
     names = _output_names(sessions, conv, options)
-    stats = _compare(sessions, batches, names, options, progress)
-    continuation = _continuation(lm, sessions, options, progress)
-    outputs = _verdicts(stats, options.thresholds)
     by_op = precision_by_op(conv.model, conv.path or "<converted>")
+    padding = Padding(ref.model, options.compare_padded)
+    stats = _compare(sessions, batches, names, options, progress, padding, relative_floor(by_op))
+    continuation, continuation_skipped = _continuation(lm, sessions, options, progress)
+    outputs = _verdicts(stats, options.thresholds)
     warnings = _hollow_comparison(ref.model, ref.path, conv.model, conv.path, by_op, batches, specs, outputs)
     speed, speed_skipped = _speed(sessions, batches, device, options, progress)
     return {
@@ -136,11 +141,13 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "numerics": numerics,
         "inputs": _inputs_report(plan, batches, specs),
         "thresholds": options.thresholds.as_dict(),
+        "compare_padded": options.compare_padded,
         "outputs": outputs,
         "warnings": warnings,
         "strict": options.strict,
         "passed": all(o["passed"] for o in outputs) and not (options.strict and warnings),
         "generation": continuation,
+        "generation_skipped": continuation_skipped,
         "speed": speed,
         "speed_skipped": speed_skipped,
         "precision_by_op": by_op,
@@ -169,13 +176,39 @@ def _input_plan(ref: _Loaded, conv: _Loaded, options: ValidateOptions):
             conv.path or "<converted>",
             "compare a model with its own conversion",
         )
+    check_save_inputs(specs, options)
     return specs, plan_inputs(specs, options.dims, options.ranges)
+
+
+def check_save_inputs(specs: list, options: ValidateOptions) -> None:
+    """--save-inputs writes one generated batch as an .npz: refused with --inputs (nothing is
+    generated), with several batches (one archive is one batch for --inputs) and for a model with
+    a sequence input (an archive holds arrays only)."""
+    if not options.save_inputs:
+        return
+    if options.inputs:
+        raise AutocastError(
+            "--save-inputs has no effect with --inputs (nothing is generated)", "--save-inputs", "drop one of them"
+        )
+    if options.batches > 1:
+        raise AutocastError(
+            f"--save-inputs writes one batch, and --batches is {options.batches}",
+            "--save-inputs",
+            "save one batch at a time: batch k of --seed S is --batches 1 --seed S+k",
+        )
+    sequences = [s.name for s in specs if s.sequence]
+    if sequences:
+        raise AutocastError(
+            f"input '{sequences[0]}' takes a sequence of tensors, which an .npz archive cannot hold",
+            "--save-inputs",
+            "drop --save-inputs: the same --seed generates the same inputs again",
+        )
 
 
 def _given_batches(specs, plan, options: ValidateOptions) -> list:
     """The batches of --inputs, or generated ones from the plan and the seed."""
     if not options.inputs:
-        return [generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))]
+        return _saved([generate(plan, seed=options.seed + k) for k in range(max(1, options.batches))], options)
     batches = load_batches(options.inputs, specs)
     plan.source = str(options.inputs)
     plan.dims, plan.dim_defaults = {}, []  # the arrays' own shapes apply (see inputs.specs)
@@ -188,7 +221,12 @@ def _cached_batches(lm, ref_sess, plan, options: ValidateOptions) -> list:
     the converted model's types)."""
     batches = [
         generation.cached_batch(
-            lm, ref_sess, generation.BATCH, generation.PROMPT_LENGTH, generation.NEW_TOKENS, options.seed + k
+            lm,
+            ref_sess,
+            lm.batch or generation.BATCH,
+            generation.PROMPT_LENGTH,
+            generation.NEW_TOKENS,
+            options.seed + k,
         )
         for k in range(max(1, options.batches))
     ]
@@ -197,7 +235,23 @@ def _cached_batches(lm, ref_sess, plan, options: ValidateOptions) -> list:
         f"prompt, then {generation.NEW_TOKENS} new tokens"
     )
     plan.dims, plan.dim_defaults = {}, []
+    return _saved(batches, options)
+
+
+def _saved(batches: list, options: ValidateOptions) -> list:
+    """`batches`, after writing the first to --save-inputs when asked (before any model runs on
+    it, so that a run that fails can be replayed with --inputs); precheck holds --save-inputs to
+    one batch."""
+    if options.save_inputs:
+        save_batch(options.save_inputs, batches[0])
     return batches
+
+
+def _fed(feeds: dict, options: ValidateOptions) -> str:
+    """What a batch held, for the error line of a run that fails: its shapes and value ranges."""
+    source = f"the batch of {options.inputs}" if options.inputs else "generated inputs"
+    saved = f" (saved to {options.save_inputs})" if options.save_inputs else " (--save-inputs FILE.npz keeps them)"
+    return f"{source}{'' if options.inputs else saved}: {describe_batch(feeds)}"
 
 
 def _sessions(ref: _Loaded, conv: _Loaded, device: str, numerics: str, speed: bool, progress) -> _Sessions:
@@ -251,42 +305,80 @@ def _output_names(sessions: _Sessions, conv: _Loaded, options: ValidateOptions) 
             conv.path or "<converted>",
             "compare a model with its own conversion",
         )
-    unknown = set(options.class_outputs) - set(ref_names)
-    if unknown:
-        raise AutocastError(
-            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
-            None,
-            "outputs are: " + ", ".join(ref_names),
-        )
+    check_output_names(options, ref_names, None)
     return ref_names
 
 
-def _compare(sessions: _Sessions, batches: list, names: list, options: ValidateOptions, progress) -> list:
-    """Each output's statistics over every batch, the converted output in the reference's type."""
-    stats = [OutputStats(name, class_scores=True if name in options.class_outputs else None) for name in names]
+def check_output_names(options: ValidateOptions, outputs: list, where: str | None) -> None:
+    """Refuse a --class-output, or an output's own threshold (--rtol NAME=X, ...), that names no
+    output of the model."""
+    unknown = set(options.class_outputs) - set(outputs)
+    if unknown:
+        raise AutocastError(
+            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
+            where,
+            "outputs are: " + ", ".join(outputs),
+        )
+    for name, own in options.thresholds.per_output.items():
+        if name not in outputs:
+            flag = "--" + next(iter(own)).replace("_", "-")
+            raise AutocastError(
+                f"{flag} {name}=... (or [outputs.{name}] in the configuration) names no output of the model",
+                where,
+                "outputs are: " + ", ".join(outputs),
+            )
+
+
+def relative_floor(by_op: dict) -> float:
+    """The scale a relative error is measured against at least (metrics.RELATIVE_FLOOR): bf16's
+    resolution when the converted model computes in bf16 and not fp16, else fp16's."""
+    kinds = {kind for counts in by_op.values() for kind in counts}
+    return RELATIVE_FLOOR["bf16" if "bf16" in kinds and "fp16" not in kinds else "fp16"]
+
+
+def _compare(
+    sessions: _Sessions, batches: list, names: list, options: ValidateOptions, progress, padding, floor: float
+) -> list:
+    """Each output's statistics over every batch, the converted output in the reference's type,
+    over the positions `padding` (masks.Padding) leaves compared."""
+    stats = [
+        OutputStats(
+            name,
+            class_scores=True if name in options.class_outputs else None,
+            relative_floor=floor,
+            map_threshold=options.thresholds.for_output(name).map_threshold,
+        )
+        for name in names
+    ]
     loop = _bar(progress, f"comparing outputs on {len(batches)} batch(es)", len(batches))
     for feeds in batches:
         conv_feeds = runner.feeds_for(sessions.converted, feeds)
-        ref_out = runner.run(sessions.reference, feeds)
-        conv_out = runner.run(sessions.converted, conv_feeds)
+        fed = functools.partial(_fed, feeds, options)  # described only when a run fails
+        ref_out = runner.run(sessions.reference, feeds, fed)
+        conv_out = runner.run(sessions.converted, conv_feeds, fed)
         for s, r, o in zip(stats, ref_out, conv_out):
-            s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o)
+            keep = padding.keep(feeds, s.name, r)
+            s.add(r, o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o, keep)
         _tick(loop)
     if loop:
         loop.finish()
     return stats
 
 
-def _continuation(lm, sessions: _Sessions, options: ValidateOptions, progress) -> dict | None:
-    """Causal LMs: agreement of both models' greedy continuations (None otherwise or with --generate 0)."""
+def _continuation(lm, sessions: _Sessions, options: ValidateOptions, progress) -> tuple[dict | None, str | None]:
+    """Causal LMs: (agreement of both models' greedy continuations, or None otherwise or with
+    --generate 0; why a causal LM's continuation was not compared, or None). Prompts fit a fixed
+    batch and sequence length (generation.fit); a model whose shapes take none is skipped."""
     if lm is None or options.generate <= 0:
-        return None
-    work = _bar(progress, f"greedy continuation ({options.generate} tokens)", 1)
-    continuation = generation.agreement(
-        lm, sessions.reference, sessions.converted, options.generate, generation.BATCH, options.seed
-    )
+        return None, None
+    fitted = generation.fit(lm, options.generate)
+    if isinstance(fitted, str):
+        return None, fitted
+    batch, length, tokens = fitted
+    work = _bar(progress, f"greedy continuation ({tokens} tokens)", 1)
+    continuation = generation.agreement(lm, sessions.reference, sessions.converted, tokens, batch, options.seed, length)
     _tick(work, finish=True)
-    return continuation
+    return continuation, None
 
 
 def _verdicts(stats: list, thresholds: Thresholds) -> list:
@@ -299,13 +391,24 @@ def _verdicts(stats: list, thresholds: Thresholds) -> list:
     return outputs
 
 
+SPEED_LEFT_OUT = "speed not measured: on CPU it says nothing about a GPU (--speed measures it anyway)"
+
+
+def timed(options: ValidateOptions, device: str) -> bool:
+    """Whether validation times the models: --speed/--no-speed (or the configuration's `speed`)
+    when given, else only on CUDA, where the speed-up means something."""
+    return options.speed if options.speed is not None else device == "cuda"
+
+
 def _speed(sessions: _Sessions, batches: list, device: str, options: ValidateOptions, progress):
     """(the latency of both models on the first batch and the speed-up, or None; why speed was
     not measured, or None)."""
+    if not timed(options, device):
+        return None, (SPEED_LEFT_OUT if options.speed is None else None)
     # e.g. bf16 models on the CPU provider, which has no bf16 MatMul/Gemm kernels
-    skipped = f"speed not measured: {sessions.not_loaded}" if options.speed and sessions.not_loaded else None
+    skipped = f"speed not measured: {sessions.not_loaded}" if sessions.not_loaded else None
     real_conv = sessions.timed
-    if not options.speed or real_conv is None:
+    if real_conv is None:
         return None, skipped
     feeds = batches[0]
     runs = options.iterations + options.warmup
@@ -346,15 +449,21 @@ def _low_nodes(by_op: dict) -> int:
 
 
 def _hollow_comparison(ref_model, ref_path, conv_model, conv_path, conv_by_op, batches, specs, outputs) -> list[str]:
-    """Why this comparison may compare nothing, one line each: a batch without rows, a reference
-    output that is not finite, the same model twice, or the lower-precision model given as the
-    reference (arguments swapped)."""
+    """Why this comparison may compare nothing, one line each: a batch without rows, an output
+    whose every position is padding, a reference output that is not finite, the same model
+    twice, or the lower-precision model given as the reference (arguments swapped)."""
     out = []
     for k, feeds in enumerate(batches):
         empty = [s.name for s in specs if s.name in feeds and feeds[s.name].size == 0]
         if empty:
             out.append(f"batch {k + 1} has no elements in {', '.join(empty)}: nothing of it is compared")
     for o in outputs:
+        padding = o.get("padding")
+        if padding and not o["elements"] and padding["positions"]:
+            out.append(
+                f"output {o['name']}: every position is padding ({padding['mask']}): nothing is compared "
+                "(--compare-padded compares them)"
+            )
         if o["elements"] and o["reference_nonfinite"] == o["elements"]:
             out.append(f"output {o['name']}: every reference value is NaN or inf: nothing is compared")
         elif o["reference_nonfinite"]:
@@ -390,21 +499,15 @@ def precheck(model_path, options: ValidateOptions) -> None:
     """Everything validation would refuse about its options, checked before a conversion so that
     `convert --validate` and `check` refuse bad options before writing anything: --dim and
     --input-range names and values, the size of generated inputs, --inputs archives (headers
-    only), --class-output names."""
+    only), --save-inputs, --class-output names and the outputs given thresholds of their own."""
     from .inputs import check_batches, check_generated_size
 
     source = load_checked(model_path, load_external=False).model
     specs = describe_inputs(source)
     plan = plan_inputs(specs, options.dims, options.ranges)
+    check_save_inputs(specs, options)
     if options.inputs:
         check_batches(options.inputs, specs)
     else:
         check_generated_size(plan)
-    outputs = [o.name for o in source.graph.output]
-    unknown = set(options.class_outputs) - set(outputs)
-    if unknown:
-        raise AutocastError(
-            f"--class-output names unknown output(s): {', '.join(sorted(unknown))}",
-            str(model_path),
-            "outputs are: " + ", ".join(outputs),
-        )
+    check_output_names(options, [o.name for o in source.graph.output], str(model_path))

@@ -178,8 +178,13 @@ def _number_like(text: str) -> bool:
 
 
 def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict | None = None) -> InputPlan:
+    """How to generate the inputs of `specs`: `dims` sets symbolic dimensions by name (NAME=N) and
+    unnamed dynamic ones by input and axis (INPUT:AXIS=N); every other symbolic dimension takes a
+    default from its name. `ranges` sets the values of named inputs."""
     dims = dict(dims or {})
     plan = InputPlan(specs=specs, ranges=dict(ranges or {}))
+    symbolic = {d for s in specs for d in s.dims if isinstance(d, str)}
+    _check_axis_dims({k for k in dims if k not in symbolic}, specs, symbolic)
     for spec in specs:
         for d in spec.dims:
             if isinstance(d, str) and d not in dims:
@@ -187,14 +192,6 @@ def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict |
                     DEFAULT_BATCH if BATCH_HINT.search(d) else DEFAULT_SEQ if SEQ_HINT.search(d) else DEFAULT_OTHER
                 )
                 plan.dim_defaults.append(d)
-    symbolic = {d for s in specs for d in s.dims if isinstance(d, str)}
-    stray = set(dims) - symbolic - set(plan.dim_defaults)
-    if stray:
-        raise AutocastError(
-            f"--dim names no symbolic dimension of the inputs: {', '.join(sorted(stray))}",
-            "--dim",
-            "symbolic dimensions are: " + (", ".join(sorted(symbolic)) or "none"),
-        )
     unknown = set(plan.ranges) - {s.name for s in specs}
     if unknown:
         raise AutocastError(
@@ -207,6 +204,50 @@ def plan_inputs(specs: list[InputSpec], dims: dict | None = None, ranges: dict |
             _check_range(spec, *plan.ranges[spec.name])
     plan.dims = dims
     return plan
+
+
+def axis_key(key: str, specs: list[InputSpec]) -> tuple[InputSpec, int] | None:
+    """(the input, the axis) that a --dim key INPUT:AXIS names, or None when `key` is not of that
+    form (an input name may itself hold ':', as in 'x:0': the last ':' splits)."""
+    name, sep, axis = key.rpartition(":")
+    spec = next((s for s in specs if s.name == name), None)
+    if not sep or spec is None or not axis.strip().isdigit():
+        return None
+    return spec, int(axis)
+
+
+def _check_axis_dims(keys: set, specs: list[InputSpec], symbolic: set) -> None:
+    """Each --dim key that is no symbolic dimension must be INPUT:AXIS for an axis of that input
+    with neither a size nor a name (a named one is set by its name, for every input that has it)."""
+    for key in sorted(keys):
+        found = axis_key(key, specs)
+        if found is None:
+            raise AutocastError(
+                f"--dim names no symbolic dimension of the inputs: {key}",
+                "--dim",
+                "symbolic dimensions are: "
+                + (", ".join(sorted(symbolic)) or "none")
+                + "; an unnamed dynamic dimension is set as INPUT:AXIS=N",
+            )
+        spec, axis = found
+        if not spec.ranked or axis >= len(spec.dims):
+            rank = f"has {len(spec.dims)} axes {_dims_text(spec.dims)}" if spec.ranked else "declares no shape"
+            raise AutocastError(
+                f"--dim {key}: input '{spec.name}' {rank}", "--dim", "give an axis from 0 to the input's rank - 1"
+            )
+        declared = spec.dims[axis]
+        if isinstance(declared, str):
+            raise AutocastError(
+                f"--dim {key}: axis {axis} of input '{spec.name}' is the symbolic dimension '{declared}'",
+                "--dim",
+                f"set it by name for every input that has it: --dim {declared}=N",
+            )
+        if isinstance(declared, int) and declared >= 0:
+            raise AutocastError(
+                f"--dim {key}: axis {axis} of input '{spec.name}' has the fixed size {declared}",
+                "--dim",
+                "only dynamic dimensions can be set",
+            )
 
 
 def _check_range(spec: InputSpec, lo: float, hi: float) -> None:
@@ -243,6 +284,8 @@ def _check_range(spec: InputSpec, lo: float, hi: float) -> None:
 
 
 def _shape(spec: InputSpec, dims: dict) -> tuple:
+    """The generated shape: declared sizes, symbolic dimensions by name, an unnamed dynamic one
+    from `dims` as 'INPUT:AXIS' or a default (3 on the first axis, 8 elsewhere)."""
     shape = []
     for k, d in enumerate(spec.dims):
         if isinstance(d, int) and d >= 0:  # a declared size, 0 included
@@ -250,7 +293,7 @@ def _shape(spec: InputSpec, dims: dict) -> tuple:
         elif isinstance(d, str):
             shape.append(dims[d])
         else:
-            shape.append(DEFAULT_BATCH if k == 0 else DEFAULT_OTHER)
+            shape.append(dims.get(f"{spec.name}:{k}", DEFAULT_BATCH if k == 0 else DEFAULT_OTHER))
     return tuple(shape)
 
 
@@ -333,10 +376,10 @@ def _tensor(spec: InputSpec, shape: tuple, plan: InputPlan, rng: np.random.Gener
     lo_hi = plan.ranges.get(spec.name)
     lname = spec.name.lower()
     value: np.ndarray
-    if spec.elem_type == TensorProto.BOOL:
+    if "mask" in lname and lo_hi is None:
+        value = padded_mask(spec.name, shape)
+    elif spec.elem_type == TensorProto.BOOL:
         value = rng.random(shape) < 0.5
-    elif "mask" in lname and lo_hi is None:
-        value = attention_mask(shape)
     elif np.issubdtype(np_type, np.integer):
         lo, hi = lo_hi if lo_hi else (0, spec.vocab if spec.vocab else 2 if "type" in lname else 100)
         value = rng.integers(int(lo), int(hi), size=shape)
@@ -345,6 +388,15 @@ def _tensor(spec: InputSpec, shape: tuple, plan: InputPlan, rng: np.random.Gener
     else:
         value = rng.standard_normal(shape)
     return np.asarray(value).astype(np_type)
+
+
+def padded_mask(name: str, shape: tuple) -> np.ndarray:
+    """A generated mask input (int, float or bool) with padding: the attention_mask pattern, in
+    the convention its name implies (masks.generated_mask: a `pad` name marks padding with 1), so
+    that validation's padded positions (masks.Padding) occur on generated data too."""
+    from .masks import generated_mask
+
+    return generated_mask(name, attention_mask(shape))
 
 
 def attention_mask(shape: tuple) -> np.ndarray:
@@ -460,7 +512,9 @@ def _npz_headers(f: Path, wanted=None) -> dict[str, _Member]:
     return out
 
 
-def _check_headers(f: Path, names: dict) -> None:
+def _check_headers(f: Path, names: dict) -> int | None:
+    """Check the headers of the arrays of `names` in archive `f`; returns N when the archive
+    stacks N batches along a fixed batch-1 axis (see _stacked_count), else None."""
     members = _npz_headers(f, names)
     missing = set(names) - set(members)
     if missing:
@@ -470,11 +524,28 @@ def _check_headers(f: Path, names: dict) -> None:
             str(f),
             "the archive needs one array per model input, named like the input",
         )
+    stacked = _stacked_count({name: members[name].header for name in names}, names)
     for name, spec in names.items():
         header = members[name].header
         if header is not None:
-            _check_array(name, *header, spec, str(f))
+            shape, dtype = header
+            _check_array(name, (1, *shape[1:]) if stacked else shape, dtype, spec, str(f))
     _check_inflated_size(f, {name: members[name] for name in names}, names)
+    return stacked
+
+
+def _stacked_count(shapes: dict, names: dict) -> int | None:
+    """N when an archive stacks N > 1 batches along a fixed batch-1 axis: every input declares
+    size 1 on its first axis and every array has the input's rank and the same first size N
+    (`shapes`: name -> (shape, dtype) or None, a header not read); None otherwise."""
+    counts = set()
+    for name, spec in names.items():
+        header = shapes.get(name)
+        if header is None or not spec.ranked or not spec.dims or spec.dims[0] != 1 or len(header[0]) != len(spec.dims):
+            return None
+        counts.add(header[0][0])
+    count = counts.pop() if len(counts) == 1 else None
+    return count if count is not None and count > 1 else None
 
 
 def check_archive_size(path: str | Path) -> None:
@@ -545,12 +616,13 @@ def _refuse_sequences(path: str | Path, specs: list[InputSpec]) -> None:
 
 def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
     """Batches from one .npz file or a directory of them (sorted by name); every array is
-    checked (from its header) before any is loaded."""
+    checked (from its header) before any is loaded. An archive whose arrays stack N batches along
+    a fixed batch-1 axis (every input [1, ...], every array [N, ...]) gives N batches."""
     _refuse_sequences(path, specs)
     names = {s.name: s for s in specs}
-    batches = []
+    batches: list[dict] = []
     for f in _batch_files(path):
-        _check_headers(f, names)
+        stacked = _check_headers(f, names)
         try:
             with np.load(f, allow_pickle=False) as data:
                 batch = {k: data[k] for k in names}
@@ -560,9 +632,68 @@ def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
             array = batch[name]
             if not isinstance(array, np.ndarray):
                 raise AutocastError(f"'{name}' is not an array", str(f), "write the archive with numpy.savez")
-            _check_array(name, array.shape, array.dtype, spec, str(f))
+            _check_array(name, (1, *array.shape[1:]) if stacked else array.shape, array.dtype, spec, str(f))
             want = helper.tensor_dtype_to_np_dtype(spec.elem_type)
             if array.dtype != want:
                 batch[name] = array.astype(want)
-        batches.append({k: batch[k] for k in names})
+        if stacked:
+            batches.extend({k: batch[k][row : row + 1] for k in names} for row in range(stacked))
+        else:
+            batches.append({k: batch[k] for k in names})
     return batches
+
+
+def save_batch(path: str | Path, feeds: dict) -> None:
+    """Write one batch as an .npz archive (--save-inputs), one array per input, named like it, so
+    that --inputs replays it. An archive holds arrays only: a sequence input is refused."""
+    sequences = [name for name, value in feeds.items() if isinstance(value, SequenceFeed)]
+    if sequences:
+        raise AutocastError(
+            f"input '{sequences[0]}' takes a sequence of tensors, which an .npz archive cannot hold",
+            "--save-inputs",
+            "drop --save-inputs: the same --seed generates the same inputs again",
+        )
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            arrays: dict = {name: np.asarray(value) for name, value in feeds.items()}
+            np.savez(fh, **arrays)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise AutocastError(f"cannot write file: {exc.strerror or exc}", str(path), "check permissions") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def describe_batch(feeds: dict, limit: int = 6) -> str:
+    """The shapes, types and value ranges of a batch in a few words, for an error line:
+    'input_ids int64 [3, 16] in 0..99; mask int64 [3, 16] in 0..1'."""
+    parts = []
+    for name, value in list(feeds.items())[:limit]:
+        arrays = list(value) if isinstance(value, SequenceFeed) else [np.asarray(value)]
+        kind = f"a sequence of {len(arrays)} " if isinstance(value, SequenceFeed) else ""
+        first = arrays[0] if arrays else np.zeros(0)
+        text = f"{name} {kind}{first.dtype} {list(first.shape)}"
+        sizes = [a for a in arrays if a.size]
+        if not sizes:
+            parts.append(text + " (empty)")
+            continue
+        lo = min(float(np.min(a)) for a in sizes)
+        hi = max(float(np.max(a)) for a in sizes)
+        parts.append(text + f" in {lo:.4g}..{hi:.4g}")
+    more = len(feeds) - limit
+    return "; ".join(parts) + (f"; and {more} more input(s)" if more > 0 else "")

@@ -33,7 +33,8 @@ def plan_on_data(
     """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
     of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
     nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
-    or batches generated from its dims, ranges, seed and batch count). `plan_options` (a
+    or batches generated from its dims, ranges, seed and batch count), measured as validation
+    measures them (its map thresholds; padded positions left out unless compare_padded). `plan_options` (a
     PlanOptions) decides the plans the search tries. The result's fields go to
     `convert(..., calibration=, force_fp32=)`."""
     from ..options import plan_options as _plan_options
@@ -53,7 +54,7 @@ def plan_on_data(
     if targets:
         from ..options import parse_targets
 
-        goal = parse_targets(targets)
+        goal = parse_targets(targets).measured_as(validation.thresholds)
     # every input is checked (headers only) before any long run starts
     if calibration_data is not None:
         check_batches(calibration_data, specs)
@@ -79,5 +80,6 @@ def plan_on_data(
             device,
             progress,
             note,
+            compare_padded=validation.compare_padded,
         )
     return out

@@ -108,15 +108,20 @@ def _element_type(type_text: str) -> str:
     return type_text[len("seq(") : -1] if type_text.startswith("seq(") else type_text
 
 
-def run(sess, feeds: dict) -> list[np.ndarray]:
+def run(sess, feeds: dict, inputs=None, hint: str | None = None) -> list[np.ndarray]:
+    """The session's outputs on `feeds`; a failure is an AutocastError naming the model, what ONNX
+    Runtime said and `inputs` (a description of the batch, its shapes and value ranges, or a
+    callable that gives one: called only on a failure)."""
     try:
         return sess.run(None, feeds)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        described = inputs() if callable(inputs) else inputs
+        fed = f"; it was fed {described}" if described else ""
         raise AutocastError(
-            f"ONNX Runtime failed to run {getattr(sess, '_autocast_label', 'the model')}: {first[:300]}",
+            f"ONNX Runtime failed to run {getattr(sess, '_autocast_label', 'the model')}: {first[:300]}{fed}",
             getattr(sess, "_autocast_where", None),
-            "check the input shapes (--dim) and values (--input-range)",
+            hint or "check the input shapes (--dim) and values (--input-range)",
         ) from None
 
 

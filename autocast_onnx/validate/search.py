@@ -3,7 +3,10 @@ model meets accuracy targets on the given inputs.
 
 The reference outputs are computed once. Each evaluation converts the model with a set S of
 nodes forced to fp32, runs it (emulated on CPU), and checks the targets. With every
-low-precision node forced fp32 the targets must hold (else no set can help).
+low-precision node forced fp32 the targets must hold (else no set can help). Outputs are measured
+as validation measures them: padded positions left out (masks.Padding), a probability map judged
+by the IoU of its masks when the target sets iou=; and the output error that ranks candidates is
+the verdict's own (metrics.search_error: 1 - IoU for such a map, else the relative L2 error).
 
 Candidates are ranked in two levels. Bands of consecutive candidates (in execution order) are
 each kept fp32 once: the drop in output error per node made fp32 ranks the bands (where keeping
@@ -35,7 +38,8 @@ from ..plan import global_order
 from ..plan.model import Reason
 from . import runner
 from .emulate import emulation_model
-from .metrics import OutputStats, Thresholds, verdict
+from .masks import Padding
+from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, search_error, verdict
 
 TARGET_KEYS = {
     "atol": "atol",
@@ -44,12 +48,15 @@ TARGET_KEYS = {
     "min_cosine": "min_cosine",
     "top1": "min_top1",
     "min_top1": "min_top1",
+    "iou": "min_iou",
+    "min_iou": "min_iou",
 }
 
 
 def parse_target(items) -> Thresholds:
-    """`atol=1e-3,top1=0.99` (repeatable) -> Thresholds with only those set."""
-    found = Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None)
+    """`atol=1e-3,top1=0.99,iou=0.99` (repeatable) -> Thresholds with only those set: the
+    verdict's own metrics (metrics.verdict), so the search keeps fp32 what the verdict needs."""
+    found = Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None, min_iou=None)
     parts = [p for item in items for p in item.split(",") if p.strip()]
     if not parts:
         raise AutocastError("--target needs at least one KEY=VALUE", "--target", "e.g. --target cosine=0.9999")
@@ -58,7 +65,7 @@ def parse_target(items) -> Thresholds:
         key = key.strip().lower().replace("-", "_")
         if key not in TARGET_KEYS or not value:
             raise AutocastError(
-                f"bad --target entry {part!r}", "--target", "use atol=, rtol=, cosine= or top1= with a number"
+                f"bad --target entry {part!r}", "--target", "use atol=, rtol=, cosine=, top1= or iou= with a number"
             )
         try:
             setattr(found, TARGET_KEYS[key], float(value))
@@ -68,7 +75,18 @@ def parse_target(items) -> Thresholds:
 
 
 class _Evaluator:
-    def __init__(self, model: onnx.ModelProto, batches, convert_options: dict, target: Thresholds, device: str):
+    """Converts with a set of nodes kept fp32 and measures the result as validation does: on the
+    unpadded positions (masks.Padding), with maps judged by the IoU of their masks."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        batches,
+        convert_options: dict,
+        target: Thresholds,
+        device: str,
+        padding: Padding | None = None,
+    ):
         from ..pipeline import convert
 
         self._convert = convert
@@ -79,6 +97,11 @@ class _Evaluator:
         ref = runner.session(model.SerializeToString(), device)
         self.names = [o.name for o in ref.get_outputs()]
         self.reference = [runner.run(ref, feeds) for feeds in batches]
+        padding = padding or Padding(model)
+        self.keep = [
+            [padding.keep(feeds, n, r) for n, r in zip(self.names, out)] for feeds, out in zip(batches, self.reference)
+        ]
+        self.floor = RELATIVE_FLOOR[_target_type(convert_options)]
         self.evaluations = 0
 
     def convert(self, forced: dict):
@@ -89,28 +112,36 @@ class _Evaluator:
         return ok, failures
 
     def measure(self, forced: dict) -> tuple[bool, list, float]:
-        """(targets met, why not, the largest relative L2 error over the outputs); the plan's
-        precisions are left in `last_precisions`."""
-        from .diagnose import relative_error
-
+        """(targets met, why not, the largest error over the outputs in the verdict's terms:
+        metrics.search_error); the plan's precisions are left in `last_precisions`."""
         self.evaluations += 1
         result = self.convert(forced)
         self.last_precisions = list(result.plan.precisions)
         sess = runner.session(emulation_model(result.model).SerializeToString(), "cpu", optimize=False)
-        stats = [OutputStats(n) for n in self.names]
-        error = 0.0
-        for feeds, ref_out in zip(self.batches, self.reference):
+        stats = [
+            OutputStats(n, relative_floor=self.floor, map_threshold=self.target.for_output(n).map_threshold)
+            for n in self.names
+        ]
+        for feeds, ref_out, keeps in zip(self.batches, self.reference, self.keep):
             inputs = {i.name: feeds[i.name].astype(_np(i.type)) for i in sess.get_inputs()}
-            for s, r, o in zip(stats, ref_out, runner.run(sess, inputs)):
+            for s, r, o, keep in zip(stats, ref_out, runner.run(sess, inputs), keeps):
                 o = o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o
-                s.add(r, o)
-                if r.dtype.kind == "f":
-                    error = max(error, relative_error(o, r))
+                s.add(r, o, keep)
         failures = []
         for s in stats:
             _, why = verdict(s.summary(), self.target)
             failures += [f"{s.name}: {w}" for w in why]
+        error = max((search_error(s, self.target) for s in stats), default=0.0)
         return not failures, failures, error
+
+
+def _target_type(convert_options: dict) -> str:
+    """ "fp16" or "bf16": the type the search's conversions target (a PlanOptions under "options",
+    or a "precision" keyword), for the relative error's floor (metrics.RELATIVE_FLOOR)."""
+    planned = convert_options.get("options")
+    value = getattr(getattr(planned, "target", None), "value", None) or convert_options.get("precision")
+    value = getattr(value, "value", value)
+    return value if value in RELATIVE_FLOOR else "fp16"
 
 
 def _np(ort_type: str):
@@ -232,14 +263,17 @@ def search(
     device: str = "cpu",
     progress=None,
     note=None,
+    compare_padded: bool = False,
 ) -> tuple[dict, dict]:
     """(node id -> Reason for the nodes to keep fp32, a log of the search). `progress(label,
-    total)` gives a bar (a terminal); `note(text)` is called once per step (no terminal).
+    total)` gives a bar (a terminal); `note(text)` is called once per step (no terminal). The
+    outputs are measured as validation measures them: padded positions left out unless
+    `compare_padded`, maps judged by IoU when the target sets iou=.
 
     The stages (see the module docstring): check the two ends (nothing kept fp32 may already
     pass; everything kept fp32 must), attribute the error to nodes, rank the candidates, find the
     culprits one by one, and finish with the smallest passing set."""
-    run = _Search(model, batches, convert_options, target, device, progress, note)
+    run = _Search(model, batches, convert_options, target, device, progress, note, Padding(model, compare_padded))
     if run.passes_as_is():
         return run.finish([])
     run.check_reachable()
@@ -253,9 +287,9 @@ class _Search:
     conversion makes low precision, in execution order), their scores and regions, the culprits
     found and the smallest passing set seen, the bar and the log."""
 
-    def __init__(self, model, batches, convert_options: dict, target: Thresholds, device: str, progress, note):
+    def __init__(self, model, batches, convert_options: dict, target: Thresholds, device: str, progress, note, padding):
         self.start = time.perf_counter()
-        self.ev = _Evaluator(model, batches, convert_options, target, device)
+        self.ev = _Evaluator(model, batches, convert_options, target, device, padding)
         self.first = self.ev.convert({})
         self.index = build_index(onnx.ModelProto.FromString(model.SerializeToString()))
         self.low = {p.id for p in self.first.plan.nodes if p.precision in ("fp16", "bf16") and not _forced_low(p)}

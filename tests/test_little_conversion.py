@@ -1,0 +1,85 @@
+"""A conversion that leaves most of the MatMul/Gemm/Conv work fp32 says so. `--precision bf16` on a
+CNN below opset 22 (Conv has no bf16 before it) used to print "converted to bf16" with 0.0 % of
+the multiply-accumulates in bf16 and no warning. Now the plan carries a `little-conversion`
+warning with the share, the reason that keeps the work fp32 and the opset that would allow it,
+and convert's summary, the plan file and check all show it."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from helpers import parse, randn
+
+import autocast_onnx
+from autocast_onnx.cli.main import cli
+
+
+def _cnn(opset=17, shaped=True):
+    """Two Convs and a Gemm head: most of the work in the Convs."""
+    x = "float[1,3,16,16] x" if shaped else "float x"
+    return parse(
+        f"""
+        g ({x}) => (float[1,10] y) {{
+            [conv1] a = Conv<pads = [1, 1, 1, 1]>(x, w1)
+            [relu1] b = Relu(a)
+            [conv2] c = Conv<pads = [1, 1, 1, 1]>(b, w2)
+            [pool] p = GlobalAveragePool(c)
+            [flat] f = Flatten(p)
+            [fc] y = Gemm<transB = 1>(f, w3)
+        }}""",
+        opset=opset,
+        w1=randn([16, 3, 3, 3], 1, 0.2),
+        w2=randn([16, 16, 3, 3], 2, 0.1),
+        w3=randn([10, 16], 3, 0.2),
+    )
+
+
+def _little(result):
+    return [w for w in result.plan.warnings if w.code == "little-conversion"]
+
+
+def test_bf16_conv_below_opset_22_warns_with_share_reason_and_remedy():
+    result = autocast_onnx.convert(_cnn(), precision="bf16")
+    (warning,) = _little(result)
+    text = warning.message
+    assert "of the MatMul/Gemm/Conv work" in text and "multiply-accumulates" in text and "runs in bf16" in text
+    assert "'schema'" in text and "Conv" in text
+    assert "from opset 22" in text and "convert the model to opset 22" in text
+
+
+def test_counted_by_node_when_shapes_are_unknown():
+    result = autocast_onnx.convert(_cnn(shaped=False), precision="bf16")
+    (warning,) = _little(result)
+    assert "MatMul/Gemm/Conv nodes (counted by node" in warning.message and "opset 22" in warning.message
+
+
+def test_no_warning_when_most_work_is_low_or_the_user_excluded_it():
+    assert not _little(autocast_onnx.convert(_cnn()))  # fp16: every Conv low
+    assert not _little(autocast_onnx.convert(_cnn(opset=22), precision="bf16"))
+    assert not _little(autocast_onnx.convert(_cnn(), exclude_ops=["Conv"]))  # what was asked
+
+
+def test_convert_summary_plan_file_and_check_show_it(tmp_path):
+    path = tmp_path / "cnn.onnx"
+    path.write_bytes(_cnn().SerializeToString())
+    run = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(path),
+            "-o",
+            str(tmp_path / "o.onnx"),
+            "--precision",
+            "bf16",
+            "--plan-out",
+            str(tmp_path / "plan.json"),
+            "-v",
+        ],
+    )
+    assert run.exit_code == 0, run.output
+    assert "little-conversion" in run.output or "runs in bf16" in run.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert any(w["code"] == "little-conversion" for w in plan["warnings"])
+    result = autocast_onnx.check(str(path), precision="bf16", speed=False)
+    assert "runs in bf16" in json.dumps(result.report)
