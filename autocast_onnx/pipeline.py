@@ -45,7 +45,7 @@ from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_or
 from .plan.classify import UNMATCHED
 from .plan.model import PlanWarning
 from .plan.options import PLANNING, PlanOptions, plan_options_in, planning_fields
-from .plan.paint import clamp_forced_constants, warn_little_conversion
+from .plan.paint import clamp_forced_constants, warn_little_conversion, warn_schema_limits
 from .plan.vocab import Seed
 from .rewrite import ApplyStats, apply_plan, check_result
 from .rewrite.apply import PayloadSink
@@ -671,6 +671,7 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
     if Seed.ALLOW in classification.seeds:  # a node forced low may read an out-of-range constant
         clamp_forced_constants(index, plan, direct=False)
     warn_little_conversion(index, plan, work)  # most of the MatMul/Gemm/Conv work left fp32
+    warn_schema_limits(index, selection.rule_set, plan)  # other ops a later opset would let convert
     return plan
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from click.testing import CliRunner
 from helpers import parse, randn
 
@@ -83,3 +84,39 @@ def test_convert_summary_plan_file_and_check_show_it(tmp_path):
     assert any(w["code"] == "little-conversion" for w in plan["warnings"])
     result = autocast_onnx.check(str(path), precision="bf16", speed=False)
     assert "runs in bf16" in json.dumps(result.report)
+
+
+def _batchnorm_stack(opset: int, layers: int = 3):
+    """`layers` BatchNormalization nodes in a row on an fp32 image, at `opset`."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, prev = [], [], "x"
+    for k in range(layers):
+        names = [f"{p}{k}" for p in ("scale", "bias", "mean", "var")]
+        for name, value in zip(names, (1.0, 0.0, 0.0, 1.0)):
+            inits.append(numpy_helper.from_array(np.full(4, value, np.float32), name))
+        nodes.append(helper.make_node("BatchNormalization", [prev, *names], [f"bn{k}"], name=f"bn{k}"))
+        prev = f"bn{k}"
+    graph = helper.make_graph(
+        nodes,
+        "bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_ops_a_later_opset_would_convert_warn_with_that_opset():
+    """BatchNormalization takes low-precision data with fp32 parameters (which the rules pin)
+    only from opset 15: before, every one stays fp32 for its schema, and the plan says so once,
+    with the opset that would let them convert (not 14, whose data type is still tied to the
+    scale's)."""
+    for opset, precision in ((11, "fp16"), (14, "fp16"), (13, "bf16")):
+        plan = autocast_onnx.convert(_batchnorm_stack(opset), precision=precision).plan
+        found = [w.message for w in plan.warnings if w.code == "schema-limited"]
+        assert len(found) == 1 and "3 BatchNormalization node(s) stay fp32" in found[0], (opset, found)
+        assert "opset 15 lets them run in" in found[0], found[0]
+    for precision in ("fp16", "bf16"):  # the schema admits it: nothing to say
+        plan = autocast_onnx.convert(_batchnorm_stack(15), precision=precision).plan
+        assert not [w for w in plan.warnings if w.code == "schema-limited"], precision

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import onnx
 
 from ..catalog import RuleSet
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
@@ -725,10 +726,32 @@ def schema_role(sig, param, target: int) -> str:
     return _NONE
 
 
-def _template(index, rules, domain, op, n_in, n_out, target: int):
-    """The roles an op's ports take from its schema and the rule files' pins, before the
-    tensors' actual types are known: (roles_in, roles_out, pinned inputs, pinned outputs)."""
-    sig = signatures.lookup(domain, op, index.opset(domain))
+def opset_admitting(index, rules, node, target: Precision) -> int | None:
+    """The first opset after the model's at which `node`'s op would not be kept fp32 for its
+    schema: the schema there, with the rule files' pins, lets some port follow the node into the
+    `target` type (the test that seeds Seed.SCHEMA, at another version). None when no opset of
+    this onnx package does."""
+    after = index.opset(node.domain) or 0
+    n_in, n_out = len(node.inputs), len(node.outputs)
+    elem = Precision.target(target).elem_type
+    if elem is None:
+        return None
+    for version in range(after + 1, onnx.defs.onnx_opset_version() + 1):
+        sig = signatures.lookup(node.domain, node.op, version)
+        if sig is None or sig.since_version <= after:
+            continue
+        t_in, t_out, _, _ = _template(index, rules, node.domain, node.op, n_in, n_out, elem, sig=sig)
+        if _FOLLOW in t_in + t_out:
+            return version
+    return None
+
+
+def _template(index, rules, domain, op, n_in, n_out, target: int, sig=None):
+    """The roles an op's ports take from its schema (`sig`: the one at the model's opset unless
+    given) and the rule files' pins, before the tensors' actual types are known: (roles_in,
+    roles_out, pinned inputs, pinned outputs)."""
+    if sig is None:
+        sig = signatures.lookup(domain, op, index.opset(domain))
     if sig is None and domain == "":
         raise AutocastError(
             f"op '{op}' does not exist in the default ONNX domain at opset {index.opset('')}",

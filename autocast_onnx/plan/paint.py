@@ -31,7 +31,7 @@ from ..errors import InternalCheckError
 from ..graph import GraphIndex, signatures
 from ..graph.shapes import MAC_OPS
 from ..hazards import PASS_ON_OPS, RangeFacts, range_facts, range_sentence
-from .classify import Classification, _check_constants, constant_array, is_constant, schema_role
+from .classify import Classification, _check_constants, constant_array, is_constant, opset_admitting, schema_role
 from .model import NodePlan, PlanWarning, PrecisionPlan, Reason
 from .vocab import CATEGORY_NAME, PRECISION_OF_TYPE, Category, Paint, PortRole, Precision, Seed, required_type
 
@@ -637,6 +637,37 @@ def warn_little_conversion(index: GraphIndex, plan: PrecisionPlan, work: list | 
     why = _kept_because(index, plan, kept, weight)
     if why is not None:
         plan.warnings.append(PlanWarning(LITTLE, f"only {share} runs in {tname}: {why}", None))
+
+
+SCHEMA_LIMITED = "schema-limited"  # the warning code of ops a later opset would let convert
+
+
+def warn_schema_limits(index: GraphIndex, rules, plan: PrecisionPlan) -> None:
+    """One plan warning per op type (beyond MatMul/Gemm/Conv, which warn_little_conversion
+    weighs) whose nodes the plan keeps fp32 only because the op's schema at the model's opset
+    lacks the target type, where a later opset has it (with the rule files' pins: `rules`):
+    e.g. BatchNormalization takes fp16 data with fp32 parameters only from opset 15, so a model
+    at opset 11 keeps every one of them fp32. The warning says how many and which opset would let
+    them convert."""
+    by_op: dict[tuple[str, str], list] = {}
+    codes = plan.last_reason_codes()  # without building the node entries
+    for node in index.nodes:
+        if codes[node.id] == "schema" and plan.precisions[node.id] == Precision.FP32 and node.op not in MAC_OPS:
+            by_op.setdefault((node.domain, node.op), []).append(node)
+    tname = dtype_name(plan.target.elem_type)
+    for (domain, op), group in sorted(by_op.items()):
+        allowing = opset_admitting(index, rules, group[0], plan.target)  # the rule classification applies
+        if allowing is None:
+            continue
+        plan.warnings.append(
+            PlanWarning(
+                SCHEMA_LIMITED,
+                f"{len(group)} {op} node(s) stay fp32 for {op}'s schema at opset {index.opset(domain)}; "
+                f"opset {allowing} lets them run in {tname}: convert the model to opset {allowing} first "
+                f"(onnx.version_converter)",
+                group[0].label,
+            )
+        )
 
 
 # deciding reasons that are the user's own choice: the plan does what was asked, nothing to warn of
