@@ -9,7 +9,7 @@ thresholds), outputs (a table per output name of its own thresholds), compare-pa
 iterations, warmup (timing: speed true/false, left out: on CUDA only), batches (generated batches);
 select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
 configuration file), precision, keep-io-types, exclude-op, include-op, exclude-node, include-node,
-low-precision-io (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
+low-precision-io, opset (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
 command reads the same file, so convert, explain, lint and check plan every node alike."""
 
 from __future__ import annotations
@@ -106,6 +106,11 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
         if not isinstance(value, str) or value not in choices:
             allowed = "fp16 or bf16" if norm == "precision" else "one of " + ", ".join(choices)
             raise AutocastError(f"{key} must be {allowed}, not {shown(value)}", where, "fix the value")
+    elif norm == "opset":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AutocastError(
+                f"{key} must be a whole number (an opset, e.g. 22), not {shown(value)}", where, "fix the value"
+            )
     elif norm == "keep_io_types":
         if not isinstance(value, bool):
             raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")

@@ -58,6 +58,7 @@ from .rewrite.loss_scale import (
     seed_loss_scale,
     unscale_gradients,
 )
+from .rewrite.opset import OpsetChange, default_opset, upgrade_opset
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,8 @@ def convert(
     `precision` is fp16 (the default) or bf16; `rules` are extra rule files, applied in order
     over the default profile; `keep_io_types`, `exclude_ops`, `exclude_nodes`, `include_nodes`;
     `low_precision_io` (a regex on whole names) gives the matching model inputs and outputs the
-    low-precision type, e.g. a KV cache, and must match a float input or output; with `strict`,
+    low-precision type, e.g. a KV cache, and must match a float input or output; `opset` upgrades
+    the default-domain opset to it before planning (rewrite/opset.py; never done unasked); with `strict`,
     a node rule, --exclude-node, --include-node or --exclude-op that matches no node is an error
     rather than a plan warning. `calibration` maps tensor names to measured ranges (see
     validate.calibrate). `plan` replays a plan written by `--plan-out` / `PrecisionPlan.save`
@@ -266,6 +268,8 @@ def plan_model(
     where = str(loaded.path) if loaded.path else "<model>"
     with _stage("resolve target"):
         _, target, keep_io_types = _resolve_target(None, options, {})
+    with _stage("upgrade opset"):
+        upgrade = _upgrade_opset(loaded.model, None, options, where)
     with _stage("check opset"):
         _check_opset(loaded.model, target, where)
     with _stage("read options"):
@@ -285,6 +289,7 @@ def plan_model(
         # the loss scaling's record names what its rewrite adds: made on this copy, after the plan
         scaling = unscale_gradients(loaded.model, training, scale) if scale is not None and training else None
         _record_training(plan, training, scaling)
+        _record_opset(plan, upgrade)
     return PlannedModel(plan=plan, index=index, training=training)
 
 
@@ -300,6 +305,8 @@ def replay_model(
     where = str(loaded.path) if loaded.path else "<model>"
     with _stage("resolve target"):
         plan, target, keep_io_types = _resolve_target(plan, options, {})
+    with _stage("upgrade opset"):
+        _upgrade_opset(loaded.model, plan, options, where)
     with _stage("check opset"):
         _check_opset(loaded.model, target, where)
     with _no_gc():
@@ -474,6 +481,8 @@ def _convert_loaded(
     with _stage("resolve target"):
         measured = {"calibration": calibration, "force_fp32": force_fp32}
         plan, target, keep_io_types = _resolve_target(plan, options, measured)
+    with _stage("upgrade opset"):
+        upgrade = _upgrade_opset(model, plan, options, where)
     with _stage("check opset"):
         _check_opset(model, target, where)
     with _stage("read options"):
@@ -523,6 +532,7 @@ def _convert_loaded(
         _stopped(screen)
     with _stage("record training"):
         _record_training(plan, training, scaling)
+        _record_opset(plan, upgrade)
     with _stage("check", timings, "check" if check != "none" else None):
         _check(model, check)
     return ConversionResult(
@@ -552,6 +562,36 @@ def _resolve_target(plan, options: PlanOptions, measured: dict) -> tuple[Precisi
     return plan, plan.target, plan.keep_io_types
 
 
+def _upgrade_opset(model: onnx.ModelProto, plan, options: PlanOptions, where: str) -> OpsetChange | None:
+    """--opset: the model's default-domain opset upgraded in place before anything reads it
+    (rewrite/opset.py); None when no upgrade is asked. A replayed plan repeats the upgrade it
+    records (its fingerprint is the upgraded model's), and an --opset that differs contradicts it."""
+    wanted = options.opset
+    if plan is not None:
+        recorded = plan.opset["to"] if plan.opset is not None else None
+        if wanted is not None and wanted != (recorded if recorded is not None else default_opset(model)):
+            made = f"after an upgrade to opset {recorded}" if recorded is not None else "at the model's own opset"
+            raise AutocastError(
+                f"--opset {wanted} contradicts the plan, which was made {made}",
+                plan.source or "<plan>",
+                "drop --opset; the plan decides it",
+            )
+        wanted = recorded
+    return upgrade_opset(model, wanted, where) if wanted is not None else None
+
+
+def _record_opset(plan: PrecisionPlan, upgrade: OpsetChange | None) -> None:
+    """Record the upgrade in a fresh plan (its file and the summary say it); an --opset the model
+    already has is said as a plan warning, since it did nothing."""
+    if upgrade is None or plan.replayed:
+        return
+    if upgrade.after > upgrade.before:
+        plan.opset = upgrade.to_dict()
+    else:
+        said = f"--opset {upgrade.after}: the model is already at opset {upgrade.after}; nothing upgraded"
+        plan.warnings.append(PlanWarning("opset", said))
+
+
 def _check_opset(model: onnx.ModelProto, target: Precision, where: str) -> None:
     """Refuse a model whose default-domain opset has no Cast to the target type."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -559,7 +599,8 @@ def _check_opset(model: onnx.ModelProto, target: Precision, where: str) -> None:
         raise AutocastError(
             f"default-domain opset {opset} cannot express {target} casts (needs opset >= {MIN_OPSET[target]})",
             where,
-            "upgrade the model with onnx.version_converter first; autocast-onnx does not change the opset itself",
+            f"pass --opset {MIN_OPSET[target]} (or higher) to upgrade it first; "
+            "autocast-onnx never changes the opset unasked",
         )
 
 
@@ -801,11 +842,9 @@ def convert_file(
     out_path = Path(given)
     start = time.perf_counter()
     # the data rules' weight screen, in a worker that parses the file beside this process
-    screen = (
-        WeightScreen.start(in_path)
-        if options.get("plan") is None and str(precision) == "fp16" and external_data is not True
-        else None
-    )
+    # (not with --opset: an upgraded model is a new one, and the screen's payloads are the file's)
+    plain = options.get("plan") is None and options["options"].opset is None
+    screen = WeightScreen.start(in_path) if plain and str(precision) == "fp16" and external_data is not True else None
     try:
         return _convert_file(in_path, out_path, plan_out, external_data, search_log, screen, start, options)
     except Exception as exc:

@@ -48,6 +48,23 @@ def test_lint_passes_what_convert_produced(path, precision):
     assert errors_after_default_conversion(str(path), precision) == []
 
 
+# ---- quantized models: the converter never splits a Q/DQ unit (AC304) -------------------------
+QUANTIZED = ["resnet_tiny", "bert_tiny", "digits_cnn"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("opset", [None, 19])
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_lint_passes_what_convert_produced_from_a_quantized_model(name, opset, precision):
+    import qdq_helpers as Q
+
+    source = Q.quantized(str(ROOT / "examples" / "models" / f"{name}.onnx"), opset)
+    converted = autocast_onnx.convert(source, precision=precision).model
+    found = [f"{d.code} {d.node}: {d.message}" for d in lint(converted, LintOptions()).diagnostics]
+    assert [f for f in found if f.startswith("AC304")] == []
+    assert errors_after_default_conversion(source, precision) == []
+
+
 # ---- the masks that showed the disagreement --------------------------------------------------
 # A decoder's attention: scores from an fp16 MatMul, plus a causal mask built with Where from a
 # fill constant, plus a padding mask initializer; the Softmax stays fp32. Fills: -inf (PyTorch's

@@ -65,6 +65,18 @@ CONFIG = {"empty": "", "directory": "{dir}", "missing": "{missing}", "invalid": 
 REGEX = {"empty": "", "blank": "   ", "bad_regex": "(["}
 IO_REGEX = REGEX | {"matches_nothing": "nosuch.*", "matches_no_float": "input_ids"}
 OP = {"empty": "", "blank": "   "}
+# --opset: a whole number the installed onnx knows, not below the model's (17)
+OPSET = {
+    "negative": "-1",
+    "zero": "0",
+    "nan": "nan",
+    "inf": "inf",
+    "huge": ["999", str(10**30)],
+    "not_a_number": "abc",
+    "empty": "",
+    "fraction": "1.5",
+    "downgrade": "5",
+}
 SELECTOR = {"empty": "", "blank": " ", "unknown": "ZZ999"}
 PLAN_FILE = {"empty": "", "directory": "{dir}", "missing": "{missing}", "not_a_plan": "{text}", "a_model": "{model}"}
 
@@ -188,6 +200,7 @@ HOSTILE = {
         "low_precision_io": IO_REGEX,
         "exclude_op": OP,
         "include_op": OP,
+        "opset": OPSET,
         "exclude_node": REGEX,
         "include_node": REGEX,
         "plan_out": OUTPUT | {"same_as_other": "{out}/o.onnx", "data_file_of_output": "{out}/o.onnx.data"},
@@ -247,6 +260,7 @@ HOSTILE = {
         "rules": RULES,
         "exclude_op": OP,
         "include_op": OP,
+        "opset": OPSET,
         "exclude_node": REGEX,
         "include_node": REGEX,
         "config": CONFIG,
@@ -275,6 +289,7 @@ HOSTILE = {
         "low_precision_io": IO_REGEX,
         "exclude_op": OP,
         "include_op": OP,
+        "opset": OPSET,
         "exclude_node": REGEX,
         "include_node": REGEX,
         "verbose": NO_VALUE,
@@ -288,6 +303,7 @@ HOSTILE = {
         "rules": RULES,
         "exclude_op": OP,
         "include_op": OP,
+        "opset": OPSET,
         "exclude_node": REGEX,
         "include_node": REGEX,
         "calibration_data": BATCHES,

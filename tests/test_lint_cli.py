@@ -572,7 +572,7 @@ def test_several_models_in_one_call(masked, resnet16, tmp_path):
         (
             ["--ignore", "AC1", "--ignore", "AC2", "--ignore", "AC9"],
             ["AC302", "AC402"],
-            ["AC301", "AC302", "AC303", "AC401", "AC402", "AC403", "AC501", "AC502", "AC503"],
+            ["AC301", "AC302", "AC303", "AC304", "AC401", "AC402", "AC403", "AC501", "AC502", "AC503"],
         ),
     ],
 )

@@ -46,7 +46,7 @@ def test_bf16_conv_below_opset_22_warns_with_share_reason_and_remedy():
     text = warning.message
     assert "of the MatMul/Gemm/Conv work" in text and "multiply-accumulates" in text and "runs in bf16" in text
     assert "'schema'" in text and "Conv" in text
-    assert "from opset 22" in text and "convert the model to opset 22" in text
+    assert "from opset 22" in text and "pass --opset 22 to upgrade the model first" in text
 
 
 def test_counted_by_node_when_shapes_are_unknown():

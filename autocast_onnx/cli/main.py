@@ -197,6 +197,14 @@ def plan_options_group(keep_io: bool = True):
             type=TEXT,
             help="Force nodes whose name matches this regex to low precision (repeatable).",
         ),
+        click.option(
+            "--opset",
+            type=click.IntRange(min=1),
+            default=None,
+            metavar="N",
+            help="Upgrade the model's default-domain opset to N (ONNX's version converter) before planning: "
+            "bf16 Conv needs 22, BatchNormalization with fp32 parameters 15, fp16 Q/DQ scales 19. Never done unasked.",
+        ),
     ]
     if keep_io:
         options.insert(
@@ -526,7 +534,10 @@ def _write_validation_reports(report, report_json, report_html) -> None:
 # --help lists a command's options in these named groups, in this order (by parameter name)
 OPTION_GROUPS = (
     ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top")),
-    ("Precision and rules", ("precision", "rules", "keep_io_types", "low_precision_io", "plan_file", "loss_scale")),
+    (
+        "Precision and rules",
+        ("precision", "rules", "keep_io_types", "low_precision_io", "opset", "plan_file", "loss_scale"),
+    ),
     ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type")),
     ("Data-driven planning", ("calibration_data", "targets")),
     (

@@ -18,6 +18,7 @@ from ..errors import AutocastError
 from ..graph import build_index
 from ..hazards import PASS_ON_OPS, is_mask, range_facts, range_sentence, thresholds
 from ..plan.classify import constant_array
+from ..plan.qdq import is_dq, is_q
 
 LOW = (FLOAT16, BFLOAT16)
 
@@ -660,6 +661,41 @@ def master_weights(ctx, check):
                 )
 
 
+def qdq_split(ctx, check):
+    """Nodes of `check.params["between"]` (Cast, CastLike) that sit inside a Q/DQ unit: fed by a
+    DequantizeLinear, or feeding a QuantizeLinear. Runtimes fuse DequantizeLinear -> op ->
+    QuantizeLinear into one int8 kernel only when the Q/DQ nodes touch the op (plan/qdq.py)."""
+    between = set(check.params.get("between", ("Cast", "CastLike")))
+    for node in ctx.index.nodes:
+        if node.op not in between or node.domain != "" or not node.inputs or node.inputs[0] is None:
+            continue
+        source = node.inputs[0].producer
+        if source is not None and is_dq(source):
+            users = sorted({f"{c.label} ({c.op})" for out in node.outputs if out is not None for c, _ in out.consumers})
+            fed = ", ".join(users) if users else "nothing"
+            yield ctx.diag(
+                check,
+                node,
+                f"{node.op} {node.label} sits between DequantizeLinear {source.label} and {fed}: "
+                "the op no longer reads the dequantized value directly, so no int8 fusion can take the unit",
+                tensor=node.inputs[0].name,
+                judged=False,
+            )
+        for out in node.outputs:
+            for consumer, port in out.consumers if out is not None else ():
+                if is_q(consumer) and port == 0:
+                    what = f"{source.label} ({source.op})" if source is not None else f"input '{node.inputs[0].name}'"
+                    yield ctx.diag(
+                        check,
+                        node,
+                        f"{node.op} {node.label} sits between {what} and QuantizeLinear {consumer.label}: the "
+                        "QuantizeLinear no longer quantizes the op's output directly, so no int8 fusion can take "
+                        "the unit",
+                        tensor=out.name,
+                        judged=False,
+                    )
+
+
 def unused_suppression(ctx, check):
     return iter(())  # reported by the engine, which knows the suppressions
 
@@ -678,5 +714,6 @@ KINDS = {
     "gradient-accumulation": gradient_accumulation,
     "loss-scaling": loss_scaling,
     "master-weights": master_weights,
+    "qdq-split": qdq_split,
     "unused-suppression": unused_suppression,
 }

@@ -124,7 +124,17 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     else:
         loaded = load_checked(model)
         proto, path, base = loaded.model, str(model), Path(model).parent
-    ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=options.plan)
+    plan_options = options.plan
+    from ..plan.options import PlanOptions
+
+    if isinstance(plan_options, PlanOptions) and plan_options.opset is not None:
+        # --opset: the model linted is the one the conversion would plan, upgraded (a copy)
+        from ..rewrite.opset import upgrade_opset
+
+        proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto is model else proto
+        upgrade_opset(proto, plan_options.opset, path or "<model>")
+        plan_options = replace(plan_options, opset=None)
+    ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=plan_options)
     checks = selected(load_checks(), options.select, options.ignore)
     for s in options.suppress:
         try:

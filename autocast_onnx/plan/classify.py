@@ -20,6 +20,7 @@ from ..hazards import PASS_ON_OPS, fp16_lost, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from .model import Reason
+from .qdq import mark_qdq_units
 from .vocab import Category, PortRole, Precision, Seed
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,9 @@ def classify(
          a schema without the target type seeds SCHEMA;
       3. node-name rules and command-line selections seed DENY or ALLOW;
       4. calibration ranges (`ranges`, tensor name -> TensorRange) seed DENY;
-      5. data rules: out-of-range and flushing constants seed DENY, also through the ops that pass them on.
+      5. data rules: out-of-range and flushing constants seed DENY, also through the ops that pass them on;
+      6. Q/DQ units (plan/qdq.py): a DequantizeLinear, the op it feeds and the QuantizeLinear of that op's
+         output get one precision, so no cast ever splits a quantized unit.
 
     `force_fp32` (node id -> Reason) keeps chosen nodes fp32 (the accuracy search uses it).
     With `[settings] output_head = "fp32"` in the rules (and `output_head` true: not for training
@@ -142,6 +145,7 @@ def classify(
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
     pending = _apply_data_rules(planned, target, rules.thresholds, result, converted)
     _propagate_range(result, pending, index, target, rules.thresholds)
+    mark_qdq_units(index, planned, result)
     return result
 
 

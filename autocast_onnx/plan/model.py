@@ -9,7 +9,7 @@ Plan JSON, version 2 (see docs/architecture.md):
 
     {"version": 2, "target": "fp16", "keep_io_types": true, "model_fingerprint": "...",
      "vocabulary": {...legend of the codes...}, "rule_files": [...], "summary": {...},
-     "warnings": [...], "clamp_initializers": {...},
+     "warnings": [...], "clamp_initializers": {...}, "opset": {"from": 17, "to": 22} (with --opset),
      "nodes": [{"id": 0, "name": "...", "op_type": "MatMul", "domain": "", "graph": "main",
                 "category": "low_precision", "precision": "fp16", "planned": "fp16",
                 "roles_in": "pp", "roles_out": "p", "reasons": [...]}, ...]}
@@ -171,6 +171,8 @@ class PrecisionPlan:
         self.replayed = False  # applied as given (convert --plan, explain --plan): see plan/replay.py
         self.training: dict | None = None  # the training graph and its loss scaling (None: inference)
         self.search: dict | None = None  # the --target search that chose forced nodes (its log)
+        # the opset upgrade made before planning (--opset): {"from": 11, "to": 15}; None: none
+        self.opset: dict | None = None
         nodes = nodes or []
         self.precisions: list = [Precision(n.precision) for n in nodes]
         self.categories: list[str] = [n.category for n in nodes]
@@ -256,6 +258,7 @@ class PrecisionPlan:
             "clamp_initializers": self.clamp_initializers,
             **({"training": self.training} if self.training is not None else {}),
             **({"search": self.search} if self.search is not None else {}),
+            **({"opset": self.opset} if self.opset is not None else {}),
             "nodes": [_node_dict(n) for n in self.nodes],
         }
 
@@ -434,6 +437,7 @@ _PLAN = _Object(
         "clamp_initializers": _Map(_STR, "an object (initializer name -> why)"),
         "training": _Nullable(_TRAINING),
         "search": _Nullable(_ANY_OBJECT),
+        "opset": _Nullable(_Object({"from": _INT, "to": _INT}, ("from", "to"))),
         "nodes": _List(_NODE, "a list of node entries"),
     },
     ("version", "target", "keep_io_types", "model_fingerprint", "nodes"),
@@ -575,7 +579,19 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
         low_precision_io=data.get("low_precision_io", []),
     )
     plan.training = training
+    plan.opset = _checked_opset(data.get("opset"), where)
     return plan
+
+
+def _checked_opset(opset: dict | None, where: str) -> dict | None:
+    """The plan's record of the opset upgrade made before planning: an upgrade, from < to."""
+    if opset is not None and not 1 <= opset["from"] < opset["to"]:
+        raise AutocastError(
+            f'"opset": an upgrade goes from a lower opset to a higher one, not {opset["from"]} -> {opset["to"]}',
+            where,
+            _HINT,
+        )
+    return {"from": opset["from"], "to": opset["to"]} if opset is not None else None
 
 
 def _node_entry(k: int, entry: dict, where: str) -> NodePlan:

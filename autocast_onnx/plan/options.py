@@ -52,6 +52,10 @@ class PlanOptions:
     low_precision_io: str | None = field(
         default=None, metadata=_surfaces("--low-precision-io", "low_precision_io", "refused")
     )
+    # the default-domain opset to upgrade the model to before planning (None: the model's own).
+    # Beside a replayed plan it is compared: the plan records the upgrade it was made after
+    # (plan.opset), replay repeats that upgrade, and a different --opset contradicts the plan.
+    opset: int | None = field(default=None, metadata=_surfaces("--opset", "opset", "compared"))
     # a node rule, node pattern, --exclude-op or --include-op that matches nothing is an error
     strict: bool = field(default=False, metadata=_surfaces("--strict", None, "allowed"))
     source: str | None = field(default=None, compare=False)  # the configuration file, if any
@@ -73,6 +77,8 @@ class PlanOptions:
         compile_patterns(self.include_nodes, "--include-node")
         if self.low_precision_io is not None:
             compile_patterns([self.low_precision_io], "--low-precision-io")
+        if self.opset is not None:
+            _check_opset_request(self.opset)
         for op in self.exclude_ops:
             check_op_type(op, "--exclude-op")
         for op in self.include_ops:
@@ -87,6 +93,12 @@ class PlanOptions:
     def selects(self) -> bool:
         """Whether any node or op selection is given."""
         return bool(self.exclude_ops or self.include_ops or self.exclude_nodes or self.include_nodes)
+
+
+def _check_opset_request(opset) -> None:
+    """--opset is a whole number from 1 (what the installed onnx knows is checked by the upgrade)."""
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
+        raise AutocastError(f"--opset must be a whole number >= 1, not {opset!r}", "--opset", "e.g. --opset 22")
 
 
 def planning_fields() -> tuple[Field, ...]:

@@ -663,8 +663,12 @@ def warn_schema_limits(index: GraphIndex, rules, plan: PrecisionPlan) -> None:
             PlanWarning(
                 SCHEMA_LIMITED,
                 f"{len(group)} {op} node(s) stay fp32 for {op}'s schema at opset {index.opset(domain)}; "
-                f"opset {allowing} lets them run in {tname}: convert the model to opset {allowing} first "
-                f"(onnx.version_converter)",
+                f"opset {allowing} lets them run in {tname}: "
+                + (
+                    f"pass --opset {allowing} to upgrade the model first"
+                    if domain == ""  # the index normalises the default domain
+                    else f"convert the model to {domain} opset {allowing} first"
+                ),
                 group[0].label,
             )
         )
@@ -695,9 +699,14 @@ def _kept_because(index: GraphIndex, plan: PrecisionPlan, kept: list, weight: di
         opset = index.opset(first.domain) or 0
         allowing = first_opset_with(first.domain, first.op, plan.target, opset)
         if allowing is not None:
+            upgrade = (
+                f"pass --opset {allowing} to upgrade the model first"
+                if first.domain == ""
+                else f"convert the model to {first.domain} opset {allowing} first"
+            )
             return (
-                f"{text}; {first.op} has {dtype_name(plan.target.elem_type)} from opset {allowing}: convert the model "
-                f"to opset {allowing} first (onnx.version_converter), or choose another --precision"
+                f"{text}; {first.op} has {dtype_name(plan.target.elem_type)} from opset {allowing}: {upgrade}, "
+                "or choose another --precision"
             )
         return f"{text}; no opset of this onnx package gives {first.op} that type: choose another --precision"
     return f"{text}; see `autocast-onnx explain MODEL '{first.name}'`"

@@ -33,6 +33,8 @@ def compare_baseline(report: dict, prior: dict | None, after, fail_on: str) -> d
 
 
 def check_summary(report: dict) -> str:
+    from .validation import quantized_lines
+
     lines = [f"check {report['model']}"]
     before = report["lint_original"]["summary"]
     mode = report["lint_original"]["models"][0]["mode"]
@@ -61,6 +63,7 @@ def check_summary(report: dict) -> str:
         if gen:
             agree = ", ".join(f"{a}/{gen['tokens']}" for a in gen["agreeing_tokens"])
             lines.append(f"  greedy continuation: tokens agreeing before the first divergence {agree}")
+        lines.extend(f"  {line}" for line in quantized_lines(v.get("quantized")))
     gate = report["gate"]
     for d in gate["new_findings"][:10]:
         lines.append(

@@ -111,6 +111,14 @@ def failed_metrics(o: dict, t: dict) -> set[str]:
     return out
 
 
+def _quantized_html(quantized: dict | None) -> str:
+    """The int8 lines of a Q/DQ model's report (report/validation.py), or nothing."""
+    from .validation import quantized_lines
+
+    lines = quantized_lines(quantized)
+    return f"<h2>Int8 units (Q/DQ)</h2>\n<pre>{_esc(chr(10).join(lines))}</pre>" if lines else ""
+
+
 def validation_html(report: dict) -> str:
     outputs = report["outputs"]
     t = report["thresholds"]
@@ -197,6 +205,7 @@ td:first-child, th:first-child {{ text-align: left; }} td.fail {{ background: #f
 {_bars(cos_rows, threshold=(1 - t["min_cosine"]) if t.get("min_cosine") is not None else None, log=True)}
 <h2>Precision by op type (converted model)</h2>
 {prec}
+{_quantized_html(report.get("quantized"))}
 <h2>Latency</h2>
 {speed_html}
 <h2>Raw report</h2>

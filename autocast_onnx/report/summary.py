@@ -48,6 +48,7 @@ def summary_dict(result) -> dict:
         "clamped_values": result.stats.clamped_values,
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
         "training": plan.training,
+        "opset": plan.opset,  # the upgrade made before planning (--opset): {"from": 17, "to": 22}
         # the nodes only: reading result.model would give every held payload to its tensor
         "cost": conversion_cost(
             result.shapes, result.macs, result.nodes, result.stats.cast_outputs, result.plan.precisions
@@ -67,6 +68,7 @@ REASON_LABELS = {
     "data-range": "constant beyond the range",
     "data-flush": "constant that would flush to 0",
     "schema": "no low-precision schema type",
+    "qdq-unit": "Q/DQ unit kept whole",
     "unknown-op": "unknown op",
     "unknown-type": "unknown tensor type",
     "control-flow": "control flow",
@@ -101,6 +103,9 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     if in_path is not None:
         head = f"{in_path} -> {out_path}: " + head
     lines.append(head)
+    if plan.opset is not None:
+        change = f"{plan.opset['from']} -> {plan.opset['to']}"
+        lines.append(f"opset upgraded: {change} (--opset, ONNX version converter), before planning")
     if plan.low_precision_io:
         names = plan.low_precision_io
         shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")

@@ -112,6 +112,7 @@ def validation_text(report: dict) -> str:
             lines.append(f"  note: {speed['note']}")
     if report.get("speed_skipped"):
         lines.append(report["speed_skipped"])
+    lines.extend(quantized_lines(report.get("quantized")))
     if report.get("size_ratio") is not None:
         lines.append(f"model size: {ref['bytes']} -> {conv['bytes']} bytes ({report['size_ratio']:.2f}x)")
     for warning in report.get("warnings", []):
@@ -120,6 +121,46 @@ def validation_text(report: dict) -> str:
         lines.append("--strict: the warnings above fail the validation")
     lines.append("result: " + ("PASS" if report["passed"] else "FAIL"))
     return "\n".join(lines)
+
+
+def _units_text(units: dict) -> str:
+    """`37 (Add 3, Conv 9, ...)`: the ops that read every float input straight from DequantizeLinear."""
+    listed = ", ".join(f"{op} {n}" for op, n in units["units"].items())
+    return f"{sum(units['units'].values())}" + (f" ({listed})" if listed else "")
+
+
+def _fused_text(ops: dict | None) -> str:
+    if ops is None:
+        return "not measured"
+    listed = ", ".join(f"{op} {n}" for op, n in ops.items())
+    return f"{sum(ops.values())}" + (f" ({listed})" if listed else "")
+
+
+def quantized_lines(q: dict | None) -> list[str]:
+    """The int8 lines of a report on a Q/DQ model (validate/fusion.py): the units that stay int8
+    in the converted model against the reference, the Casts that break one, the scales' types,
+    the int8 operators ONNX Runtime's CPU optimizer fuses in each, then the notes."""
+    if not q:
+        return []
+    ref, conv, fusion = q["reference"], q["converted"], q["fusion"]
+    scales = ", ".join(f"{t} {n}" for t, n in conv["scale_types"].items())
+    lines = [
+        f"int8 units: {_units_text(conv)} in the converted model, {_units_text(ref)} in the reference; "
+        f"{len(conv['between'])} Cast(s) between a Q/DQ node and its op ({len(ref['between'])} in the reference); "
+        f"Q/DQ scales {scales or 'none'}",
+        f"  ONNX Runtime CPU int8 fusion ({fusion['level']}): converted {_fused_text(fusion['converted'])}, "
+        f"reference {_fused_text(fusion['reference'])}",
+    ]
+    if conv.get("weight_only") or ref.get("weight_only"):
+        listed = ", ".join(f"{op} {n}" for op, n in conv["weight_only"].items())
+        lines.append(
+            f"  weight-only quantized: {sum(conv['weight_only'].values())}{f' ({listed})' if listed else ''} "
+            f"in the converted model, {sum(ref['weight_only'].values())} in the reference"
+        )
+    if fusion.get("note"):
+        lines.append(f"  fusion not measured: {fusion['note']}")
+    lines.extend(f"  note: {note}" for note in q["notes"])
+    return lines
 
 
 def validation_json(report: dict) -> str:

@@ -4,6 +4,7 @@ docs/validate-report.schema.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..graph import build_index
 from ..graph.sanity import load_checked
 from . import generation, runner
 from .emulate import emulation_model, session_as_is
+from .fusion import has_qdq, output_step_notes, quantized_report
 from .inputs import describe_batch, describe_inputs, generate, load_batches, plan_inputs, save_batch
 from .masks import Padding
 from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, verdict
@@ -67,6 +69,7 @@ class _Sessions:
     converted: Any  # the numbers come from this one: the emulation, or the converted model as is
     timed: Any  # the converted model as is, for the speed measurement (None: not timed)
     not_loaded: str | None  # why the converted model as is has no session, or None
+    reference_timed: Any = None  # the reference as ONNX Runtime optimizes it, when `reference` is not (timed)
 
 
 def _load(model) -> _Loaded:
@@ -124,10 +127,13 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         batches = _cached_batches(lm, sessions.reference, plan, options)
     names = _output_names(sessions, conv, options)
     by_op = precision_by_op(conv.model, conv.path or "<converted>")
+    quantized = _quantized(ref, conv, numerics)
     padding = Padding(ref.model, options.compare_padded)
     stats = _compare(sessions, batches, names, options, progress, padding, relative_floor(by_op))
     continuation, continuation_skipped = _continuation(lm, sessions, options, progress)
     outputs = _verdicts(stats, options.thresholds)
+    if quantized is not None:
+        quantized["notes"].extend(output_step_notes(ref.model, outputs))
     warnings = _hollow_comparison(ref.model, ref.path, conv.model, conv.path, by_op, batches, specs, outputs)
     speed, speed_skipped = _speed(sessions, batches, device, options, progress)
     return {
@@ -151,6 +157,7 @@ def validate(reference, converted, options: ValidateOptions | None = None, progr
         "speed": speed,
         "speed_skipped": speed_skipped,
         "precision_by_op": by_op,
+        "quantized": quantized,
     }
 
 
@@ -259,11 +266,14 @@ def _sessions(ref: _Loaded, conv: _Loaded, device: str, numerics: str, speed: bo
     model again costs seconds); with emulated numerics, the converted model's fp32 emulation
     gives the numbers and the model as is must still load."""
     loading = _bar(progress, "loading both models into ONNX Runtime", 1)
-    ref_sess = runner.session(
-        ref.path if ref.path else ref.model.SerializeToString(), device, label=_REF_LABEL, where=ref.path
-    )
+    ref_source = ref.path if ref.path else ref.model.SerializeToString()
+    unfused = _unfused_reference(ref, numerics)
+    ref_sess = runner.session(ref_source, device, optimize=not unfused, label=_REF_LABEL, where=ref.path)
     if numerics == "emulate":
         sessions = _emulated_sessions(ref_sess, conv, device, speed)
+        if unfused and speed:  # timed as it runs in use
+            timed_ref = runner.session(ref_source, device, label=_REF_LABEL, where=ref.path)
+            sessions = dataclasses.replace(sessions, reference_timed=timed_ref)
     else:
         conv_sess = runner.session(
             conv.path if conv.path else conv.model.SerializeToString(), device, label=_CONV_LABEL, where=conv.path
@@ -274,6 +284,31 @@ def _sessions(ref: _Loaded, conv: _Loaded, device: str, numerics: str, speed: bo
 
 
 _REF_LABEL, _CONV_LABEL = "the reference model", "the converted model"
+
+
+def _unfused_reference(ref: _Loaded, numerics: str) -> bool:
+    """Whether the reference runs without ONNX Runtime's graph optimizations: a Q/DQ model
+    compared with an emulation. The emulation computes each DequantizeLinear, op and
+    QuantizeLinear as ONNX defines them (fp32 arithmetic, exact on the int8 values); the CPU
+    provider's fused int8 kernels (QLinearConv, ...) requantize with a rounding of their own, a
+    quantization step away at places, which would show as error of the conversion."""
+    return numerics == "emulate" and has_qdq(ref.model)
+
+
+def _quantized(ref: _Loaded, conv: _Loaded, numerics: str) -> dict | None:
+    """The report's `quantized` section (validate/fusion.py) when either model holds Q/DQ
+    nodes, else None; it says how the reference ran when that differs from a plain session."""
+    if not (has_qdq(ref.model) or has_qdq(conv.model)):
+        return None
+    report = quantized_report(
+        ref.model, ref.path or ref.model, conv.model, conv.path or conv.model, conv.path or "<converted>"
+    )
+    if _unfused_reference(ref, numerics):
+        report["notes"].append(
+            "the reference ran without ONNX Runtime's graph optimizations, as the emulation does: its fused int8 "
+            "kernels round differently from the Q/DQ arithmetic ONNX defines"
+        )
+    return report
 
 
 def _emulated_sessions(ref_sess, conv: _Loaded, device: str, speed: bool) -> _Sessions:
@@ -413,7 +448,8 @@ def _speed(sessions: _Sessions, batches: list, device: str, options: ValidateOpt
     feeds = batches[0]
     runs = options.iterations + options.warmup
     timing = _bar(progress, f"timing both models ({runs} runs each)", 2)
-    ref_lat = runner.latency(sessions.reference, feeds, device, options.iterations, options.warmup)
+    ref_timed = sessions.reference_timed or sessions.reference
+    ref_lat = runner.latency(ref_timed, feeds, device, options.iterations, options.warmup)
     _tick(timing)
     conv_lat = runner.latency(real_conv, runner.feeds_for(real_conv, feeds), device, options.iterations, options.warmup)
     _tick(timing, finish=True)
