@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from autocast_onnx.validate.fusion import fused_int8_ops
+
 ROOT = Path(__file__).resolve().parent.parent
 _CACHE = Path(tempfile.mkdtemp(prefix="autocast-qdq-"))
-FUSED = ("QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QGemm", "QLinearSoftmax", "MatMulIntegerToFloat")
 
 
 def _feeds(path: str, n: int, seed: int) -> list[dict]:
@@ -113,15 +114,11 @@ def elem_types(m: onnx.ModelProto) -> dict[str, int]:
 
 
 def fused_ops(path: str) -> collections.Counter:
-    """The int8 operators (FUSED) in ONNX Runtime's CPU-optimized graph of the model at `path`."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = path + ".optimized.onnx"
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    counts = collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
-    return collections.Counter({op: counts[op] for op in FUSED if counts[op]})
+    """The fused int8 operators in ONNX Runtime's CPU-optimized graph of the model at `path` (the
+    validation report's own count, validate/fusion.py); the model must load."""
+    fusion = fused_int8_ops(path, "extended")
+    assert fusion.ops is not None, fusion.note
+    return collections.Counter(fusion.ops)
 
 
 def run(path: str) -> list:
