@@ -9,7 +9,7 @@ thresholds), outputs (a table per output name of its own thresholds), compare-pa
 iterations, warmup (timing: speed true/false, left out: on CUDA only), batches (generated batches);
 select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
 configuration file), precision, keep-io-types, exclude-op, include-op, exclude-node, include-node,
-low-precision-io, opset (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
+low-precision-io, opset, runtime (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
 command reads the same file, so convert, explain, lint and check plan every node alike."""
 
 from __future__ import annotations
@@ -111,6 +111,9 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
             raise AutocastError(
                 f"{key} must be a whole number (an opset, e.g. 22), not {shown(value)}", where, "fix the value"
             )
+    elif norm == "runtime":
+        if not isinstance(value, str) or value not in ("cuda", "tensorrt", "any"):
+            raise AutocastError(f"{key} must be cuda, tensorrt or any, not {shown(value)}", where, "fix the value")
     elif norm == "keep_io_types":
         if not isinstance(value, bool):
             raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")

@@ -434,6 +434,7 @@ class _Selection:
     force_fp32: object
     strict: bool
     low_precision_io: str | None
+    runtime: str | None = None  # --runtime: keep fp32 what that runtime has no low-precision kernel for
 
 
 @dataclass
@@ -617,6 +618,7 @@ def _read_selection(options: PlanOptions, calibration, force_fp32) -> _Selection
         force_fp32=force_fp32,
         strict=options.strict,
         low_precision_io=options.low_precision_io,
+        runtime=options.runtime,
     )
 
 
@@ -693,6 +695,7 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         output_head=head,
         macs=macs,
         converted=converted,
+        runtime=selection.runtime,
     )
     unmatched = [m for c, m, _ in classification.warnings if c == UNMATCHED]
     if selection.strict and unmatched:

@@ -119,4 +119,4 @@ def test_has_kernel_contrib_domain_and_unknowns():
     # NonMaxSuppression is untyped in the sources and absent from the generated docs: types unknown.
     assert has_kernel("cuda", "", "NonMaxSuppression", 11, TensorProto.FLOAT) is None
     with pytest.raises(AutocastError, match="no kernel table"):
-        has_kernel("tensorrt", "", "Conv", 17, TensorProto.FLOAT16)
+        has_kernel("dml", "", "Conv", 17, TensorProto.FLOAT16)

@@ -205,6 +205,13 @@ def plan_options_group(keep_io: bool = True):
             help="Upgrade the model's default-domain opset to N (ONNX's version converter) before planning: "
             "bf16 Conv needs 22, BatchNormalization with fp32 parameters 15, fp16 Q/DQ scales 19. Never done unasked.",
         ),
+        click.option(
+            "--runtime",
+            type=click.Choice(["cuda", "tensorrt", "any"]),
+            default=None,
+            help="Plan for this runtime: keep fp32 the nodes it has no fp16/bf16 kernel for (ONNX Runtime's CUDA "
+            "provider, TensorRT; kernel tables in autocast_onnx/data) [default: any, every node the schemas allow].",
+        ),
     ]
     if keep_io:
         options.insert(
@@ -536,7 +543,7 @@ OPTION_GROUPS = (
     ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top")),
     (
         "Precision and rules",
-        ("precision", "rules", "keep_io_types", "low_precision_io", "opset", "plan_file", "loss_scale"),
+        ("precision", "rules", "keep_io_types", "low_precision_io", "opset", "runtime", "plan_file", "loss_scale"),
     ),
     ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type")),
     ("Data-driven planning", ("calibration_data", "targets")),

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from ..catalog import RuleSet
+from ..catalog.kernels import has_kernel, no_kernel_message
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR, GraphIndex, Value, signatures
@@ -107,6 +108,7 @@ def classify(
     output_head: bool = True,
     macs: dict[str, int | None] | None = None,
     converted: dict | None = None,
+    runtime: str | None = None,
 ) -> Classification:
     """Categories, port roles and rule/data seeds of every node, in five passes:
 
@@ -130,7 +132,10 @@ def classify(
     bytes there for the rewrite to store instead of converting again. An entry present before
     classification is a weight converted already and found to lose nothing (the caller's weight
     screen fills it so): its data rules are passed. Only for models held in memory: it keeps the
-    converted weights until the rewrite takes them."""
+    converted weights until the rewrite takes them.
+
+    `runtime` ("cuda", "tensorrt"; None or "any": no runtime) keeps fp32, after pass 3, the nodes whose op
+    that runtime's kernel table says has no kernel at the target type for the model's opset."""
     target = Precision.target(target)
     result = Classification.empty(len(index.nodes))
     _assign_categories(index, rules, result)
@@ -141,6 +146,8 @@ def classify(
         rules.node_rules, include_nodes, frozenset(include_ops), exclude_nodes, frozenset(exclude_ops)
     )
     _apply_selections(planned, selections, force_fp32, result)
+    if runtime not in (None, "any"):
+        _apply_runtime_kernels(index, planned, runtime, target, result)
     if ranges:
         _apply_calibration(index, planned, ranges, target, rules.thresholds, result)
     pending = _apply_data_rules(planned, target, rules.thresholds, result, converted)
@@ -483,6 +490,39 @@ def _apply_selections(planned, selections: _Selections, force_fp32, result: Clas
             count += 1
     _warn_unmatched(selections, used, result)
     log.debug("classify pass 3 (selections): %d nodes seeded by rules and flags", count)
+
+
+def _apply_runtime_kernels(index: GraphIndex, planned, runtime: str, target: Precision, result) -> None:
+    """The runtime's kernels (--runtime): a planned node whose op `runtime` registers no kernel for at the target
+    type and the model's opset seeds DENY (reason "no-kernel"); the table not knowing (None) changes nothing, and
+    a node a selection forced low keeps its seed, with the reason noted.
+
+        GridSample at opset 16, fp16, runtime cuda (registered for float only) -> Seed.DENY "no-kernel"
+        MatMul at opset 12, bf16, runtime cuda (bf16 from opset 13)          -> Seed.DENY "no-kernel" """
+    seeds, reasons = result.seeds, result.reasons
+    elem_type = target.elem_type
+    if elem_type is None:
+        raise InternalCheckError(f"classify: target {target} has no element type")
+    table = f"data/kernels_{runtime}.json"  # the reason's source, which names the runtime for the summary
+    answers: dict = {}  # (domain, op) -> the message, or None where the runtime has the kernel or cannot tell
+    for node in planned:
+        if seeds[node.id] == Seed.DENY:
+            continue
+        key = (node.domain, node.op)
+        if key not in answers:
+            opset = index.opset(node.domain)
+            lacking = opset is not None and has_kernel(runtime, node.domain, node.op, opset, elem_type) is False
+            answers[key] = no_kernel_message(runtime, node.op, opset, target.value) if opset and lacking else None
+        message = answers[key]
+        if message is None:
+            continue
+        if seeds[node.id] == Seed.ALLOW:
+            reasons[node.id].append(
+                Reason("no-kernel", f"{message}; converted anyway because a rule forces it low", table)
+            )
+        else:
+            seeds[node.id] = Seed.DENY
+            reasons[node.id].append(Reason("no-kernel", message, table))
 
 
 def _warn_unmatched(selections: _Selections, used: set, result: Classification) -> None:

@@ -56,6 +56,9 @@ class PlanOptions:
     # Beside a replayed plan it is compared: the plan records the upgrade it was made after
     # (plan.opset), replay repeats that upgrade, and a different --opset contradicts the plan.
     opset: int | None = field(default=None, metadata=_surfaces("--opset", "opset", "compared"))
+    # the runtime the model is planned for (cuda, tensorrt; None or "any": every runtime, today's plan): a node
+    # whose op that runtime has no kernel for at the low type (catalog/kernels.py) stays fp32
+    runtime: str | None = field(default=None, metadata=_surfaces("--runtime", "runtime", "refused"))
     # a node rule, node pattern, --exclude-op or --include-op that matches nothing is an error
     strict: bool = field(default=False, metadata=_surfaces("--strict", None, "allowed"))
     source: str | None = field(default=None, compare=False)  # the configuration file, if any
@@ -79,6 +82,10 @@ class PlanOptions:
             compile_patterns([self.low_precision_io], "--low-precision-io")
         if self.opset is not None:
             _check_opset_request(self.opset)
+        if self.runtime is not None and self.runtime not in RUNTIME_CHOICES:
+            raise AutocastError(
+                f"unknown runtime {self.runtime!r}", "--runtime", "use one of: " + ", ".join(RUNTIME_CHOICES)
+            )
         for op in self.exclude_ops:
             check_op_type(op, "--exclude-op")
         for op in self.include_ops:
@@ -93,6 +100,9 @@ class PlanOptions:
     def selects(self) -> bool:
         """Whether any node or op selection is given."""
         return bool(self.exclude_ops or self.include_ops or self.exclude_nodes or self.include_nodes)
+
+
+RUNTIME_CHOICES = ("cuda", "tensorrt", "any")  # --runtime: the kernel tables' runtimes, and any
 
 
 def _check_opset_request(opset) -> None:

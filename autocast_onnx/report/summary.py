@@ -43,6 +43,7 @@ def summary_dict(result) -> dict:
         "warnings": sum(1 for w in plan.warnings if w.code not in NOTE_CODES),
         "notes": sum(1 for w in plan.warnings if w.code in NOTE_CODES),
         **({"edited_nodes": [n.label for n in plan.nodes if n.edited]} if plan.replayed else {}),
+        **_no_kernel(plan),
         "outputs_renamed": list(result.stats.outputs_renamed),
         "graphs_sorted": list(result.stats.graphs_sorted),
         "clamped_values": result.stats.clamped_values,
@@ -75,7 +76,27 @@ REASON_LABELS = {
     "consumers-need": "feeds only fp32 consumers",
     "plan-edit": "edited in the plan",
     "plan-replay": "replayed plan",
+    "no-kernel": "no kernel in the --runtime",
 }
+
+
+def _no_kernel(plan) -> dict:
+    """{"no_kernel": {"runtime": "cuda", "nodes": 2, "ops": ["GridSample"]}}: the fp32 nodes kept so for want of a
+    kernel in the runtime named with --runtime (reason "no-kernel"); empty without any, so that a plan made for no
+    runtime reports as it always did."""
+    runtime: str | None = None
+    ops: Counter = Counter()
+    for node in plan.nodes:
+        if node.precision != "fp32":
+            continue
+        reason = next((r for r in node.reasons if r.code == "no-kernel"), None)
+        if reason is not None:
+            runtime = (reason.source or "").removeprefix("data/kernels_").removesuffix(".json") or None
+            ops[node.op_type] += 1
+    if not ops:
+        return {}
+    return {"no_kernel": {"runtime": runtime, "nodes": sum(ops.values()), "ops": sorted(ops)}}
+
 
 _FLUSHED = re.compile(r"^(\d+) of (\d+) nonzero values")
 
@@ -127,6 +148,11 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         lines.append(
             "fp32 nodes by reason: "
             + ", ".join(f"{REASON_LABELS.get(code, code)} {n}" for code, n in s["fp32_by_reason"].items())
+        )
+    if "no_kernel" in s:
+        lack = s["no_kernel"]
+        lines.append(
+            f"kept fp32 for want of a {lack['runtime']} kernel: {lack['nodes']} (ops {', '.join(lack['ops'])})"
         )
     lines.append(cost_line(s["cost"]))
     stats = result.stats
