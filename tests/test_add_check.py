@@ -33,7 +33,7 @@ COPIED = [
     "tests/test_lint_checks.py",
     "tests/test_rules_doc.py",
 ]
-NEW = ["--code", "AC404", "--name", "some-kebab-name", "--severity", "warning", "--summary", "One line."]
+NEW = ["--code", "AC405", "--name", "some-kebab-name", "--severity", "warning", "--summary", "One line."]
 
 
 def make_copy(dest: Path) -> Path:
@@ -110,7 +110,7 @@ def test_scaffold_edits_the_four_files_and_says_so(scaffolded):
     out = proc.stdout
     for rel in ("rules/lint.toml", "autocast_onnx/lint/checks.py", "tests/test_lint_checks.py", "docs/rules.md"):
         assert rel in out
-    assert "AC404" in out and "test_ac404_bad" in out
+    assert "AC405" in out and "test_ac405_bad" in out
     after = snapshot(copy)
     changed = {k for k in after if before.get(k) != after[k]}
     assert changed == {"rules/lint.toml", "autocast_onnx/lint/checks.py", "tests/test_lint_checks.py", "docs/rules.md"}
@@ -122,7 +122,7 @@ import autocast_onnx
 import autocast_onnx.lint.checks as checks
 from autocast_onnx.lint.catalog import load_checks
 found = load_checks(sys.argv[1])
-c = next(c for c in found if c.code == "AC404")
+c = next(c for c in found if c.code == "AC405")
 stub = getattr(checks, "some_kebab_name", None)
 print(json.dumps({
     "package": autocast_onnx.__file__,
@@ -150,21 +150,21 @@ def test_catalog_of_the_copy_loads_the_entry_and_the_registered_stub(scaffolded)
     for key in ("why", "fix", "example"):
         assert got["entry"][key].startswith("TODO"), key
     assert got["entry"]["params"] == {}
-    # in code order: right after AC403, before the AC5xx checks and AC901; the package's own
+    # in code order: right after AC404, before the AC5xx checks and AC901; the package's own
     # catalog path is the copy's
     order = got["order"]
-    assert order[order.index("AC403") + 1] == "AC404" and order[order.index("AC404") + 1] == "AC501"
+    assert order[order.index("AC404") + 1] == "AC405" and order[order.index("AC405") + 1] == "AC501"
     assert order[-1] == "AC901"
     assert got["default"] == got["order"]
     assert got["registered"] is True
     assert got["findings"] == []
-    assert "TODO(AC404" in got["doc"]
+    assert "TODO(AC405" in got["doc"]
 
 
 def test_docs_of_the_copy_mention_the_new_check(scaffolded):
     text = (scaffolded[0] / "docs" / "rules.md").read_text(encoding="utf-8")
-    assert "| [AC404](#ac404-some-kebab-name) | some-kebab-name | warning | One line |" in text
-    assert "## AC404 some-kebab-name" in text
+    assert "| [AC405](#ac405-some-kebab-name) | some-kebab-name | warning | One line |" in text
+    assert "## AC405 some-kebab-name" in text
     assert "**One line.** Severity: warning." in text
 
 
@@ -183,7 +183,7 @@ def test_generated_bad_case_fails_and_the_rest_passes(scaffolded, tmp_path):
             "tests/test_rules_doc.py",
             "tests/test_lint_checks.py",
             "-k",
-            "ac404 or rules",
+            "ac405 or rules",
         ],
         check=False,
         cwd=copy,
@@ -199,9 +199,9 @@ def test_generated_bad_case_fails_and_the_rest_passes(scaffolded, tmp_path):
         if failure is None:
             failure = case.find("error")
         results[case.get("name")] = None if failure is None else failure.get("message", "")
-    assert "TODO(AC404)" in results.pop("test_ac404_bad"), "the scaffold's bad case must fail until implemented"
-    # The good case passes: the copy's catalog (with AC404) was loaded, not this checkout's.
-    assert results.pop("test_ac404_good") is None
+    assert "TODO(AC405)" in results.pop("test_ac405_bad"), "the scaffold's bad case must fail until implemented"
+    # The good case passes: the copy's catalog (with AC405) was loaded, not this checkout's.
+    assert results.pop("test_ac405_good") is None
     # docs/rules.md in the copy is in sync with the copy's catalog.
     assert results and all(message is None for message in results.values()), results
 
@@ -287,7 +287,7 @@ def test_bad_arguments_exit_2_with_one_line_and_change_nothing(pristine, case):
 
 def test_missing_argument_exits_2(pristine):
     before = snapshot(pristine)
-    proc = scaffold(pristine, "--code", "AC404")
+    proc = scaffold(pristine, "--code", "AC405")
     assert proc.returncode == 2
     assert len(proc.stderr.splitlines()) == 1 and "required" in proc.stderr
     assert snapshot(pristine) == before

@@ -572,7 +572,7 @@ def test_several_models_in_one_call(masked, resnet16, tmp_path):
         (
             ["--ignore", "AC1", "--ignore", "AC2", "--ignore", "AC9"],
             ["AC302", "AC402"],
-            ["AC301", "AC302", "AC303", "AC304", "AC401", "AC402", "AC403", "AC501", "AC502", "AC503"],
+            ["AC301", "AC302", "AC303", "AC304", "AC401", "AC402", "AC403", "AC404", "AC501", "AC502", "AC503"],
         ),
     ],
 )
@@ -602,10 +602,10 @@ def checks_in_force(model_path, cwd, *args, process=True) -> list[str]:
 
 def test_cli_flags_override_the_configuration(masked, tmp_path):
     write(tmp_path / "autocast-onnx.toml", 'select = ["AC4"]\nignore = ["AC403"]\nfail-on = "info"\n')
-    # the configuration alone: AC401, AC402; the info finding fails
+    # the configuration alone: AC401, AC402, AC404; the info finding fails
     proc = cli_in("lint", masked, "--format", "json", cwd=tmp_path)
     assert proc.returncode == 1
-    assert json.loads(proc.stdout)["models"][0]["checks"] == ["AC401", "AC402"]
+    assert json.loads(proc.stdout)["models"][0]["checks"] == ["AC401", "AC402", "AC404"]
     # --fail-on beats fail-on
     assert cli_in("lint", masked, "--fail-on", "error", cwd=tmp_path).returncode == 0
     # --select beats select (the configuration's ignore still applies); --ignore beats ignore
@@ -617,7 +617,7 @@ def test_cli_flags_override_the_configuration(masked, tmp_path):
         "AC105",
         "AC106",
     ]
-    assert checks_in_force(masked, tmp_path, "--ignore", "AC401", process=False) == ["AC402", "AC403"]
+    assert checks_in_force(masked, tmp_path, "--ignore", "AC401", process=False) == ["AC402", "AC403", "AC404"]
 
 
 def test_autocast_onnx_toml_beats_pyproject_in_the_same_folder(masked, tmp_path):

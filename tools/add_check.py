@@ -1,6 +1,6 @@
 """Scaffold a new lint check: catalog entry, implementation stub, tests and docs in one step.
 
-    python tools/add_check.py --code AC404 --name some-kebab-name --severity warning \\
+    python tools/add_check.py --code AC405 --name some-kebab-name --severity warning \\
         --summary "One line" [--kind KIND] [--root PATH]
 
 It checks the arguments first and changes nothing when one is wrong (one line on stderr, exit 2):
@@ -65,7 +65,7 @@ class Parser(argparse.ArgumentParser):
 
 def parse_args(argv):
     parser = Parser(prog="add_check.py", description="Scaffold a new lint check (see the module docstring).")
-    parser.add_argument("--code", required=True, help="new, never used code, e.g. AC404")
+    parser.add_argument("--code", required=True, help="new, never used code, e.g. AC405")
     parser.add_argument("--name", required=True, help="kebab-case name, e.g. some-kebab-name")
     parser.add_argument("--severity", required=True, help="error, warning or info")
     parser.add_argument("--summary", required=True, help="one line (docs/rules.md and `autocast-onnx rules`)")

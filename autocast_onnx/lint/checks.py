@@ -696,6 +696,35 @@ def qdq_split(ctx, check):
                     )
 
 
+def runtime_kernel(ctx, check):
+    """Nodes whose fp16/bf16 type (inputs or outputs, as the model declares or the index infers) the runtime
+    named with --runtime has no kernel for at the model's opset (catalog/kernels.py answers False). Nothing
+    without a runtime or with "any", and nothing where the table cannot tell (None): a finding only where the
+    runtime's own registrations show the kernel missing."""
+    runtime = getattr(ctx.plan_options, "runtime", None)
+    if runtime in (None, "any"):
+        return
+    from ..catalog.kernels import has_kernel, no_kernel_message, runtime_label
+
+    for node in ctx.index.nodes:
+        opset = ctx.index.opset(node.domain)
+        if not opset:
+            continue
+        types = sorted({v.dtype for v in list(node.inputs) + list(node.outputs) if v is not None and v.dtype in LOW})
+        for elem_type in types:
+            if has_kernel(runtime, node.domain, node.op, opset, elem_type) is not False:
+                continue
+            name = dtype_name(elem_type)
+            if runtime == "tensorrt":
+                why = (
+                    f"{runtime_label(runtime)} does not support {name} for {node.op} (opset {opset}): a strongly "
+                    "typed engine build fails on this layer"
+                )
+            else:
+                why = no_kernel_message(runtime, node.op, opset, name)
+            yield ctx.diag(check, node, why, judged=False)  # the report names the node already
+
+
 def unused_suppression(ctx, check):
     return iter(())  # reported by the engine, which knows the suppressions
 
@@ -715,5 +744,6 @@ KINDS = {
     "loss-scaling": loss_scaling,
     "master-weights": master_weights,
     "qdq-split": qdq_split,
+    "runtime-kernel": runtime_kernel,
     "unused-suppression": unused_suppression,
 }
