@@ -236,3 +236,21 @@ def cost_of(result) -> dict:
     from autocast_onnx.report.cost import conversion_cost
 
     return conversion_cost(result.shapes, result.macs, result.nodes, result.stats.cast_outputs, result.plan.precisions)
+
+
+def reshaped_to_fixed_rows(seed: int = 2):
+    """x [?, 8] (an unnamed dynamic axis) reshaped to the fixed [2, 8], then MatMul and Relu: it
+    converts fine, but ONNX Runtime runs it only on 2 rows, which generated inputs (3 rows on an
+    unnamed first axis) do not have. `seed` draws the weight."""
+    m = parse(
+        """
+        g (float[b,8] x) => (float[2,8] y) {
+            s = Constant<value = int64[2] {2, 8}>()
+            r = Reshape(x, s)
+            h = MatMul(r, w)
+            y = Relu(h)
+        }""",
+        w=randn([8, 8], seed),
+    )
+    m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
+    return m

@@ -8,31 +8,14 @@ from __future__ import annotations
 import onnx
 import pytest
 from bad_input_helpers import assert_ok, assert_one_error, invoke, isolated_cwd
-from helpers import parse, randn
+from helpers import reshaped_to_fixed_rows
 
 isolated = pytest.fixture(autouse=True)(isolated_cwd)
 
 
-def refusing_generated_inputs() -> onnx.ModelProto:
-    """x [?, 8] reshaped to the fixed [2, 8]: converts fine, but ONNX Runtime refuses the 3 rows
-    validation generates on an unnamed first axis."""
-    m = parse(
-        """
-        g (float[b,8] x) => (float[2,8] y) {
-            s = Constant<value = int64[2] {2, 8}>()
-            r = Reshape(x, s)
-            h = MatMul(r, w)
-            y = Relu(h)
-        }""",
-        w=randn([8, 8], 4),
-    )
-    m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
-    return m
-
-
 def test_a_validation_that_cannot_run_keeps_the_converted_model(tmp_path):
     model, out, plan = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", tmp_path / "plan.json"
-    onnx.save(refusing_generated_inputs(), model)
+    onnx.save(reshaped_to_fixed_rows(4), model)
     outcome = invoke(["convert", model, "-o", out, "--plan-out", plan, "--validate"])
     line = assert_one_error(outcome, "ONNX Runtime failed to run the reference model")
     assert f"the converted model was written to {out} but not validated" in line
@@ -45,7 +28,7 @@ def test_a_validation_that_cannot_run_keeps_the_converted_model(tmp_path):
 
 def test_a_failed_threshold_keeps_the_model_and_exits_1(tmp_path):
     model, out = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx"
-    onnx.save(refusing_generated_inputs(), model)
+    onnx.save(reshaped_to_fixed_rows(4), model)
     outcome = invoke(["convert", model, "-o", out, "--validate", "--dim", "x:0=2", "--atol", "1e-12"])
     assert_ok(outcome, code=1)
     assert "result: FAIL" in outcome.stdout and out.is_file()
@@ -53,6 +36,6 @@ def test_a_failed_threshold_keeps_the_model_and_exits_1(tmp_path):
 
 def test_bad_validation_options_still_write_nothing(tmp_path):
     model, out = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx"
-    onnx.save(refusing_generated_inputs(), model)
+    onnx.save(reshaped_to_fixed_rows(4), model)
     assert_one_error(invoke(["convert", model, "-o", out, "--validate", "--dim", "x:1=4"]), "fixed size 8")
     assert not out.exists()

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from bad_input_helpers import assert_ok, assert_one_error, invoke, isolated_cwd
-from helpers import parse, randn
+from helpers import parse, randn, reshaped_to_fixed_rows
 from onnx import TensorProto, helper
 
 import autocast_onnx
@@ -19,23 +19,6 @@ from autocast_onnx.errors import AutocastError
 from autocast_onnx.validate.inputs import describe_inputs, load_batches, plan_inputs
 
 isolated = pytest.fixture(autouse=True)(isolated_cwd)
-
-
-def reshaping() -> onnx.ModelProto:
-    """x [?, 8] (an unnamed dynamic axis) reshaped to the fixed [2, 8]: ONNX Runtime runs it only
-    on 2 rows, which generated inputs (3 rows on a first unnamed axis) do not have."""
-    m = parse(
-        """
-        g (float[b,8] x) => (float[2,8] y) {
-            s = Constant<value = int64[2] {2, 8}>()
-            r = Reshape(x, s)
-            h = MatMul(r, w)
-            y = Relu(h)
-        }""",
-        w=randn([8, 8], 2),
-    )
-    m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
-    return m
 
 
 def fixed_batch_one() -> onnx.ModelProto:
@@ -52,7 +35,7 @@ def fixed_batch_one() -> onnx.ModelProto:
 @pytest.fixture
 def refusing(tmp_path):
     ref, conv = tmp_path / "r.onnx", tmp_path / "r.fp16.onnx"
-    onnx.save(reshaping(), ref)
+    onnx.save(reshaped_to_fixed_rows(2), ref)
     autocast_onnx.convert_file(ref, conv)
     return ref, conv
 

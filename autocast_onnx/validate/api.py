@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from ..errors import AutocastError
+from .reports import JsonReport
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,9 @@ class OutputComparison:
 
 
 @dataclass(frozen=True)
-class ValidationReport(Mapping):
+class ValidationReport(JsonReport):
     """What `validate` measured: `passed`, `outputs` (OutputComparison each), `warnings`, `speed`;
     also a read-only mapping over the JSON report (docs/validate-report.schema.json)."""
-
-    data: dict = field(repr=False)
 
     @property
     def passed(self) -> bool:
@@ -84,23 +82,11 @@ class ValidationReport(Mapping):
         """Causal LMs: greedy-continuation agreement (see docs/validate-report.schema.json), else None."""
         return self.data.get("generation")
 
-    def to_dict(self) -> dict:
-        return self.data
-
     def text(self) -> str:
         """The report as the CLI prints it."""
         from ..report.validation import validation_text
 
         return validation_text(self.data)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
-
-    def __iter__(self):
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
 
     def __repr__(self) -> str:
         outs = "; ".join(repr(o).strip("<>") for o in self.outputs)

@@ -25,9 +25,7 @@ Memory stays bounded: tensors are captured GROUP at a time (as calibration does)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
@@ -38,6 +36,7 @@ from ..errors import AutocastError
 from ..graph import NONTENSOR, build_index
 from . import runner
 from .emulate import emulation_model, session_as_is
+from .reports import JsonReport
 
 GROUP = 96
 LOW = (FLOAT16, BFLOAT16)
@@ -427,13 +426,11 @@ def _report(errors: dict, outputs: list, tensor_error: dict, top: int) -> dict:
 
 
 @dataclass(frozen=True)
-class DiagnoseReport(Mapping):
+class DiagnoseReport(JsonReport):
     """What `diagnose` found: per graph output its error and the nodes ranked by the error they
     introduce (`outputs`), every node's errors (`nodes`), the depth profiles; also a read-only
     mapping over the JSON report (`--report-json`), which `text()` and `html()` format as the
     command line does."""
-
-    data: dict = field(repr=False)
 
     @property
     def outputs(self) -> dict:
@@ -443,9 +440,6 @@ class DiagnoseReport(Mapping):
     @property
     def nodes(self) -> list[dict]:
         return self.data["nodes"]
-
-    def to_dict(self) -> dict:
-        return self.data
 
     def text(self) -> str:
         """The report as the CLI prints it."""
@@ -458,15 +452,6 @@ class DiagnoseReport(Mapping):
         from ..report.diagnose import diagnose_html
 
         return diagnose_html(self.data)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
-
-    def __iter__(self):
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
 
     def __repr__(self) -> str:
         outs = "; ".join(
