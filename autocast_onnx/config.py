@@ -112,8 +112,8 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
                 f"{key} must be a whole number (an opset, e.g. 22), not {shown(value)}", where, "fix the value"
             )
     elif norm == "runtime":
-        if not isinstance(value, str) or value not in ("cuda", "tensorrt", "any"):
-            raise AutocastError(f"{key} must be cuda, tensorrt or any, not {shown(value)}", where, "fix the value")
+        if not isinstance(value, str) or value not in ("cuda", "tensorrt", "dml", "any"):
+            raise AutocastError(f"{key} must be cuda, tensorrt, dml or any, not {shown(value)}", where, "fix the value")
     elif norm == "keep_io_types":
         if not isinstance(value, bool):
             raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")

@@ -42,7 +42,7 @@ from .io import (
 )
 from .patterns import compile_patterns
 from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
-from .plan.classify import UNMATCHED
+from .plan.classify import UNMATCHED, warn_cuda_fallbacks
 from .plan.model import PlanWarning
 from .plan.options import PLANNING, PlanOptions, plan_options_in, planning_fields
 from .plan.paint import clamp_forced_constants, warn_little_conversion, warn_schema_limits
@@ -712,10 +712,13 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         low_precision_io=low_names,
     )
     plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_notes)
+    plan.runtime = selection.runtime if selection.runtime not in (None, "any") else None
     if Seed.ALLOW in classification.seeds:  # a node forced low may read an out-of-range constant
         clamp_forced_constants(index, plan, direct=False)
     warn_little_conversion(index, plan, work)  # most of the MatMul/Gemm/Conv work left fp32
     warn_schema_limits(index, selection.rule_set, plan)  # other ops a later opset would let convert
+    if plan.runtime is None:
+        warn_cuda_fallbacks(index, plan)  # nodes planned low that the commonest GPU runtime would run on its CPU
     return plan
 
 

@@ -119,4 +119,73 @@ def test_has_kernel_contrib_domain_and_unknowns():
     # NonMaxSuppression is untyped in the sources and absent from the generated docs: types unknown.
     assert has_kernel("cuda", "", "NonMaxSuppression", 11, TensorProto.FLOAT) is None
     with pytest.raises(AutocastError, match="no kernel table"):
-        has_kernel("dml", "", "Conv", 17, TensorProto.FLOAT16)
+        has_kernel("rocm", "", "Conv", 17, TensorProto.FLOAT16)
+
+
+# ---- ties: type parameters a kernel binds to one type ----------------------------------------------------------
+
+
+def test_kernel_ties_are_read_from_the_kernel_definitions():
+    """tools/kernel_tables.py reads each kernel definition's builder: constraints bound to one template type."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from kernel_tables import kernel_ties
+
+    source = """
+#define REGISTER_KERNEL_TYPED(T)                                    \\
+  ONNX_OPERATOR_TYPED_KERNEL_EX(                                    \\
+      BatchNormalization, kOnnxDomain, 15, T, kCudaExecutionProvider, \\
+      (*KernelDefBuilder::Create())                                 \\
+          .TypeConstraint("T", DataTypeImpl::GetTensorType<T>())     \\
+          .TypeConstraint("T1", DataTypeImpl::GetTensorType<T>())    \\
+          .TypeConstraint("T2", DataTypeImpl::GetTensorType<T>()),   \\
+      BatchNorm<T>);
+ONNX_OPERATOR_KERNEL_EX(LayerNormalization, kOnnxDomain, 17, kCudaExecutionProvider,
+    (*KernelDefBuilder::Create()).TypeConstraint("T", DataTypeImpl::GetTensorType<MLFloat16>())
+        .TypeConstraint("U", DataTypeImpl::GetTensorType<float>()), LayerNorm);
+"""
+    assert kernel_ties(source) == [("BatchNormalization", "", 15, None, [["T", "T1", "T2"]])]
+
+
+def test_the_shipped_table_ties_batch_normalization():
+    rows = {(r["op"], r["since"]): r for r in kernel_table("cuda")["kernels"] if r["domain"] == ""}
+    assert rows[("BatchNormalization", 15)]["tied"] == [["T", "T1", "T2"]]
+    assert rows[("GridSample", 16)]["tied"] == [["T1", "T2"]]
+    assert "tied" not in rows[("MatMul", 13)]
+
+
+# ---- what onnxruntime-gpu 1.31.1 ran on a GPU (data/kernels_cuda_observed.json) ----------------------------------
+
+
+def test_the_probed_table_records_where_it_was_made():
+    from autocast_onnx.catalog.kernels import _observed, observed_version
+
+    table = kernel_table("cuda")
+    assert observed_version("cuda") == "1.31.1"
+    assert _observed("cuda")[("Conv", TensorProto.BFLOAT16, 22)] is True
+    assert table["source"]["commit"].startswith("577eac9")
+
+
+def test_the_sources_never_claim_a_kernel_the_runtime_lacked(monkeypatch):
+    """Every one-node probe the 1.23.0 sources and the 1.31.1 runtime disagree on is a kernel added since (sources:
+    none, runtime: ran on CUDA): never a kernel the sources list that the runtime did not run. That holds only with
+    ONNX Runtime's version matching (an open-ended registration covers its own schema version only)."""
+    import json
+
+    from autocast_onnx.catalog import kernels
+
+    path = Path(kernels.__file__).resolve().parent.parent / "data" / "kernels_cuda_observed.json"
+    probes = json.loads(path.read_text())["probes"]
+    monkeypatch.setattr(kernels, "_observed", lambda runtime: {})
+    types = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+    added, missing = [], []
+    for probe in probes:
+        said = has_kernel("cuda", "", probe["op"], probe["opset"], types[probe["type"]])
+        ran = probe["ran_on"] == "cuda"
+        if said is True and not ran:
+            missing.append(probe)
+        elif said is False and ran:
+            added.append((probe["op"], probe["type"], probe["opset"]))
+    assert missing == []
+    assert ("Conv", "bf16", 22) in added and ("ReduceMean", "bf16", 13) in added  # new in 1.31

@@ -70,3 +70,16 @@ def test_sarif_and_text_carry_the_code(tmp_path):
 def test_python_api(runtime, expected):
     report = autocast_onnx.lint(naive_fp16_grid_sample(), runtime=runtime)
     assert [f.node for f in report.findings if f.code == "AC404"] == expected
+
+
+def test_a_split_tie_is_named_on_a_mixed_batch_norm(tmp_path):
+    """fp16 data with fp32 scale/bias/mean/var: the CUDA kernel binds them to one type, so lint names the node."""
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")]
+    inits = [init(n, np.ones(3, np.float32)) for n in "sbmv"]
+    mixed = model(nodes, [tensor("x", F16, [1, 3, 4, 4])], [tensor("y", F16, [1, 3, 4, 4])], inits, opset=17)
+    path = tmp_path / "mixed.onnx"
+    path.write_bytes(mixed.SerializeToString())
+    found = [d for d in _lint_cli(path, "--runtime", "cuda")["diagnostics"] if d["code"] == "AC404"]
+    assert [d["node"] for d in found] == ["bn"]
+    assert "takes one type for T, T1, T2" in found[0]["message"]
+    assert not [d for d in _lint_cli(path, "--runtime", "tensorrt")["diagnostics"] if d["code"] == "AC404"]

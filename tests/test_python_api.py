@@ -33,7 +33,8 @@ def test_the_top_level_names():
 
 def test_convert_result_and_plan_have_readable_reprs():
     result = autocast_onnx.convert(RESNET)
-    assert repr(result.plan) == "PrecisionPlan(fp16, 31 nodes: fp16 28, fp32 3; 0 warning(s))"
+    # the warning: its nine fp16 BatchNormalization with fp32 parameters have no CUDA kernel (runtime-fallback)
+    assert repr(result.plan) == "PrecisionPlan(fp16, 31 nodes: fp16 28, fp32 3; 1 warning(s))"
     assert repr(result).startswith("ConversionResult(PrecisionPlan(fp16, 31 nodes") and "2 casts added" in repr(result)
     assert "object at 0x" not in repr(result) + repr(result.plan) + repr(result.plan.nodes[0])
     assert result.summary().startswith("converted to fp16")

@@ -191,6 +191,67 @@ def parse(text: str) -> list[dict]:
     return regs
 
 
+KERNEL_DEF = re.compile(r"ONNX_OPERATOR_(VERSIONED_)?\w*?KERNEL_EX\(")
+CONSTRAINT = re.compile(r'TypeConstraint\(\s*"(\w+)"\s*,\s*DataTypeImpl::GetTensorType<(\w+)>\(\)\s*\)')
+KERNEL_DIRS = ("onnxruntime/core/providers/cuda", "onnxruntime/contrib_ops/cuda")
+
+
+def call_args(text: str, start: int) -> tuple[list[str], str]:
+    """The top-level comma-separated arguments of the macro call whose "(" is at `start`, and its whole text."""
+    depth, k = 0, start
+    while k < len(text):
+        depth += {"(": 1, ")": -1}.get(text[k], 0)
+        if depth == 0:
+            break
+        k += 1
+    body = text[start + 1 : k]
+    args, level, cur = [], 0, []
+    for ch in body:
+        if ch == "," and level == 0:
+            args.append("".join(cur).strip())
+            cur = []
+            continue
+        level += {"(": 1, "<": 1, ")": -1, ">": -1}.get(ch, 0)
+        cur.append(ch)
+    args.append("".join(cur).strip())
+    return args, body
+
+
+def kernel_ties(text: str) -> list[tuple[str, str | None, int | None, int | None, list[list[str]]]]:
+    """(op, domain or None, since or None, until or None, tied groups) of each kernel definition in `text`
+    (a kernel .cc file) whose builder binds several type constraints to one template type: BatchNormalization's
+    ``.TypeConstraint("T", GetTensorType<T>()).TypeConstraint("T1", GetTensorType<T>())`` means the kernel
+    exists only where T1 is the data's type. None where a macro parameter stands for the value."""
+    text = re.sub(r"\\\s*\n", " ", "\n".join(active_lines(text)))
+    out = []
+    for m in KERNEL_DEF.finditer(text):
+        args, body = call_args(text, m.end() - 1)
+        by_var: dict[str, list[str]] = {}
+        for name, var in CONSTRAINT.findall(body):
+            if var not in TYPES:  # a template parameter, not a concrete C++ type
+                by_var.setdefault(var, []).append(name)
+        groups = [sorted(set(names)) for names in by_var.values() if len(set(names)) > 1]
+        if not groups or len(args) < 3:
+            continue
+        number = lambda a: int(a) if a.isdigit() else None  # noqa: E731
+        until = number(args[3]) if m.group(1) else None
+        out.append((args[0], DOMAINS.get(args[1]), number(args[2]), until, groups))
+    return out
+
+
+def tie_rows(kernels: list[dict], ties: list) -> None:
+    """Mark each row of `kernels` that a tied kernel definition covers with its groups ("tied")."""
+    for op, domain, since, until, groups in ties:
+        for row in kernels:
+            if row["op"] != op or (domain is not None and row["domain"] != domain):
+                continue
+            if since is not None and (row["since"] != since or (until is not None and row["until"] != until)):
+                continue
+            for group in groups:
+                if group not in row.setdefault("tied", []):
+                    row["tied"].append(group)
+
+
 def doc_rows(text: str) -> dict[tuple, list[str]]:
     """(domain, op, since, until) -> types, from the CUDA section of OperatorKernels.md.
 
@@ -249,13 +310,27 @@ def build(git_dir: str, ref: str) -> dict:
             entry["types"] = docs.get(key, [])
             entry["types_from"] = "docs" if key in docs else "unknown"
         kernels.append(entry)
+    listing = subprocess.run(
+        ["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", commit, *KERNEL_DIRS],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for path in (p for p in listing if p.endswith(".cc")):
+        tie_rows(kernels, kernel_ties(git_show(git_dir, commit, path)))
     only_src = sorted(k for k in merged if k not in docs)
     only_doc = sorted(k for k in docs if k not in merged)
     print(f"{len(kernels)} rows; in sources not docs: {only_src}; in docs not sources: {only_doc}")
     return {
         "runtime": "cuda",
         "onnxruntime": version,
-        "source": {"repo": "microsoft/onnxruntime", "commit": commit, "commit_date": date, "files": list(FILES)},
+        "source": {
+            "repo": "microsoft/onnxruntime",
+            "commit": commit,
+            "commit_date": date,
+            "files": list(FILES),
+            "tied_from": [f"{d}/**/*.cc" for d in KERNEL_DIRS],
+        },
         "cross_checked_with": DOCS,
         "generated_by": "tools/kernel_tables.py",
         "kernels": kernels,

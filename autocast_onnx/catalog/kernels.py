@@ -12,12 +12,13 @@ import json
 from functools import cache
 from pathlib import Path
 
+import onnx
 from onnx import TensorProto
 
 from ..errors import AutocastError
 from .loader import normalize_domain
 
-RUNTIMES = ("cuda", "tensorrt")
+RUNTIMES = ("cuda", "tensorrt", "dml")
 _FLOATS = {"float", "double", "float16", "bfloat16"}
 
 
@@ -57,11 +58,14 @@ def _trt_rows() -> dict[str, dict]:
 
 
 def runtime_label(runtime: str) -> str:
-    """The runtime and the version its table was read for: "onnxruntime-cuda 1.23.0", "TensorRT 10.0"."""
+    """The runtime and the version its table was read for: "onnxruntime-cuda 1.23.0 (probed on 1.31.1)",
+    "onnxruntime-directml 1.23.0", "TensorRT 10.0"."""
     table = kernel_table(runtime)
     if runtime == "tensorrt":
         return f"TensorRT {table['tensorrt']}"
-    return f"onnxruntime-{runtime} {table['onnxruntime']}"
+    probed = observed_version(runtime)
+    name = "directml" if runtime == "dml" else runtime
+    return f"onnxruntime-{name} {table['onnxruntime']}" + (f" (probed on {probed})" if probed else "")
 
 
 def no_kernel_message(runtime: str, op: str, opset: int, target: str) -> str:
@@ -71,6 +75,82 @@ def no_kernel_message(runtime: str, op: str, opset: int, target: str) -> str:
     return (
         f"no {target} kernel for {op} in {runtime_label(runtime)} (opset {opset}): "
         "it would run on the CPU provider with copies around it"
+    )
+
+
+def node_version(domain: str, op: str, opset: int) -> int:
+    """The version ONNX Runtime matches kernels against: the since-version of `op`'s schema at the model's
+    `opset` for the ONNX domains (Conv at opset 17 is Conv-11), the opset itself for others."""
+    domain = normalize_domain(domain)
+    if domain not in ("", "ai.onnx.ml"):
+        return opset
+    try:
+        return onnx.defs.get_schema(op, opset, domain).since_version
+    except onnx.defs.SchemaError:
+        return opset
+
+
+def _covering_row(runtime: str, domain: str, op: str, opset: int) -> dict | None:
+    """The registration of `op` that ONNX Runtime would match for a node at the model's `opset`, or None.
+
+    As ONNX Runtime's kernel registry matches (VerifyVersion, onnxruntime/core/framework/kernel_registry.cc): a
+    registration with an end version covers the node versions from its start to its end; an open-ended one
+    covers exactly its start version, since a later schema version may need a kernel it does not have (Conv
+    registered since 11 does not run a Conv-22 node). The newest covering registration wins (ONNX Runtime keeps
+    an old one beside a newer one for a few ops: ThresholdedRelu from the contrib file since 1, and since 10)."""
+    version = node_version(domain, op, opset)
+    rows = _rows(runtime).get((normalize_domain(domain), op)) or []
+    covering = [
+        r for r in rows if r["since"] == version or (r["until"] is not None and r["since"] <= version <= r["until"])
+    ]
+    return max(covering, key=lambda r: r["since"]) if covering else None
+
+
+@cache
+def _observed(runtime: str) -> dict[tuple[str, int, int], bool]:
+    """(op, TensorProto type, node version) -> whether the runtime ran a one-node model of it on the GPU, from
+    data/kernels_<runtime>_observed.json (tools/gpu_placement.py --probes --record on a GPU): where the pinned
+    GPU build was probed, its behaviour overrides the sources' table, which may be of an older version."""
+    path = Path(__file__).resolve().parent.parent / "data" / f"kernels_{runtime}_observed.json"
+    if not path.exists():
+        return {}
+    types = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+    table = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        (row["op"], types[row["type"]], node_version("", row["op"], row["opset"])): row["ran_on"] == "cuda"
+        for row in table["probes"]
+        if row["type"] in types
+    }
+
+
+def observed_version(runtime: str) -> str | None:
+    """The runtime version the observed table was probed on ("1.31.1"), or None without one."""
+    path = Path(__file__).resolve().parent.parent / "data" / f"kernels_{runtime}_observed.json"
+    return json.loads(path.read_text(encoding="utf-8"))["onnxruntime"] if path.exists() else None
+
+
+def split_tie(runtime: str, domain: str, op: str, opset: int, param_types: dict[str, int]) -> list[str] | None:
+    """The type parameters of `op` that `runtime`'s kernel binds to one type (tools/kernel_tables.py reads the
+    kernel definitions' builders: the CUDA BatchNormalization kernel from opset 15 takes T1 and T2 of the data's
+    type T) but that `param_types` (type parameter -> TensorProto type, for the ports a node has) gives two
+    types; None where no such group is split, or the table records none.
+
+        BatchNormalization, opset 17, {"T": FLOAT16, "T1": FLOAT, "T2": FLOAT} -> ["T", "T1", "T2"]"""
+    if runtime == "tensorrt":
+        return None
+    row = _covering_row(runtime, domain, op, opset)
+    for group in (row or {}).get("tied", ()):
+        if len({param_types[p] for p in group if p in param_types}) > 1:
+            return list(group)
+    return None
+
+
+def split_tie_message(runtime: str, op: str, opset: int, group: list[str], param_types: dict[str, int]) -> str:
+    """Why a node whose types split a tied group has no kernel: the sentence the plan, `explain` and lint show."""
+    named = ", ".join(f"{p} {TensorProto.DataType.Name(param_types[p]).lower()}" for p in group if p in param_types)
+    return (
+        f"no kernel for {op} with {named} in {runtime_label(runtime)} (opset {opset}): its kernel takes one type "
+        f"for {', '.join(group)}, so it would run on the CPU provider with copies around it"
     )
 
 
@@ -85,15 +165,15 @@ def has_kernel(runtime: str, domain: str, op: str, opset: int, elem_type: int) -
     name = TensorProto.DataType.Name(elem_type).lower()
     if runtime == "tensorrt":
         return _tensorrt_kernel(op, opset, name) if normalize_domain(domain) == "" else None
-    rows = _rows(runtime).get((normalize_domain(domain), op))
-    if not rows:
+    if normalize_domain(domain) == "":
+        seen = _observed(runtime).get((op, elem_type, node_version(domain, op, opset)))
+        if seen is not None:
+            return seen
+    if not _rows(runtime).get((normalize_domain(domain), op)):
         return None
-    # The newest registration that covers the opset wins: ONNX Runtime keeps an old open-ended one beside a
-    # newer one for a few ops (ThresholdedRelu since 1, from the contrib file, and since 10).
-    covering = [r for r in rows if r["since"] <= opset and (r["until"] is None or opset <= r["until"])]
-    if not covering:
+    row = _covering_row(runtime, domain, op, opset)
+    if row is None:
         return False
-    row = max(covering, key=lambda r: r["since"])
     if not _FLOATS & set(row["types"]):
         # the types recorded are of another constraint than the data's (Slice: its index type, int32/int64; the
         # kernel itself takes any data type): the table cannot tell

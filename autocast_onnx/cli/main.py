@@ -207,10 +207,11 @@ def plan_options_group(keep_io: bool = True):
         ),
         click.option(
             "--runtime",
-            type=click.Choice(["cuda", "tensorrt", "any"]),
+            type=click.Choice(["cuda", "tensorrt", "dml", "any"]),  # plan.options.RUNTIME_CHOICES
             default=None,
             help="Plan for this runtime: keep fp32 the nodes it has no fp16/bf16 kernel for (ONNX Runtime's CUDA "
-            "provider, TensorRT; kernel tables in autocast_onnx/data) [default: any, every node the schemas allow].",
+            "or DirectML provider, TensorRT; kernel tables in autocast_onnx/data) [default: any, every node the "
+            "schemas allow].",
         ),
     ]
     if keep_io:

@@ -15,7 +15,7 @@ import onnx
 from ..diagnostics import Diagnostic
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, dtype_name
 from ..errors import AutocastError
-from ..graph import build_index
+from ..graph import build_index, signatures
 from ..hazards import PASS_ON_OPS, is_mask, range_facts, range_sentence, thresholds
 from ..plan.classify import constant_array
 from ..plan.qdq import is_dq, is_q
@@ -698,31 +698,50 @@ def qdq_split(ctx, check):
 
 def runtime_kernel(ctx, check):
     """Nodes whose fp16/bf16 type (inputs or outputs, as the model declares or the index infers) the runtime
-    named with --runtime has no kernel for at the model's opset (catalog/kernels.py answers False). Nothing
-    without a runtime or with "any", and nothing where the table cannot tell (None): a finding only where the
-    runtime's own registrations show the kernel missing."""
+    named with --runtime has no kernel for at the model's opset (catalog/kernels.py answers False), or whose
+    port types split a group of type parameters the runtime's kernel binds to one type (BatchNormalization with
+    fp16 data and fp32 scale on CUDA). Nothing without a runtime or with "any", and nothing where the table
+    cannot tell (None): a finding only where the runtime's own registrations show the kernel missing."""
     runtime = getattr(ctx.plan_options, "runtime", None)
     if runtime in (None, "any"):
         return
-    from ..catalog.kernels import has_kernel, no_kernel_message, runtime_label
-
     for node in ctx.index.nodes:
         opset = ctx.index.opset(node.domain)
         if not opset:
             continue
         types = sorted({v.dtype for v in list(node.inputs) + list(node.outputs) if v is not None and v.dtype in LOW})
-        for elem_type in types:
-            if has_kernel(runtime, node.domain, node.op, opset, elem_type) is not False:
-                continue
-            name = dtype_name(elem_type)
-            if runtime == "tensorrt":
-                why = (
-                    f"{runtime_label(runtime)} does not support {name} for {node.op} (opset {opset}): a strongly "
-                    "typed engine build fails on this layer"
-                )
-            else:
-                why = no_kernel_message(runtime, node.op, opset, name)
+        why = _missing_kernel(runtime, node, opset, types)
+        if why is not None:
             yield ctx.diag(check, node, why, judged=False)  # the report names the node already
+
+
+def _missing_kernel(runtime: str, node, opset: int, types: list[int]) -> str | None:
+    """Why `runtime` has no kernel for `node`, whose low-precision types are `types`, or None."""
+    from ..catalog.kernels import has_kernel, no_kernel_message, runtime_label, split_tie, split_tie_message
+
+    for elem_type in types:
+        if has_kernel(runtime, node.domain, node.op, opset, elem_type) is not False:
+            continue
+        name = dtype_name(elem_type)
+        if runtime == "tensorrt":
+            return (
+                f"{runtime_label(runtime)} does not support {name} for {node.op} (opset {opset}): a strongly "
+                "typed engine build fails on this layer"
+            )
+        return no_kernel_message(runtime, node.op, opset, name)
+    if not types:
+        return None
+    sig = signatures.lookup(node.domain, node.op, opset)
+    if sig is None:
+        return None
+    param_types: dict[str, int] = {}
+    for values, param_of in ((node.inputs, sig.input_param), (node.outputs, sig.output_param)):
+        for i, value in enumerate(values):
+            param = param_of(i)
+            if value is not None and value.dtype and param is not None:
+                param_types.setdefault(param, value.dtype)
+    group = split_tie(runtime, node.domain, node.op, opset, param_types)
+    return split_tie_message(runtime, node.op, opset, group, param_types) if group else None
 
 
 def unused_suppression(ctx, check):

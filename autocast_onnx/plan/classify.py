@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from ..catalog import RuleSet
-from ..catalog.kernels import has_kernel, no_kernel_message
+from ..catalog.kernels import has_kernel, no_kernel_message, runtime_label, split_tie, split_tie_message
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR, GraphIndex, Value, signatures
@@ -20,7 +20,7 @@ from ..graph.index import container_param
 from ..hazards import PASS_ON_OPS, fp16_lost, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
-from .model import Reason
+from .model import PlanWarning, Reason
 from .qdq import mark_qdq_units
 from .vocab import Category, PortRole, Precision, Seed
 
@@ -330,6 +330,7 @@ def _role(dt, schema_role: str, control: bool, unplanned: bool) -> str:
 
 
 UNMATCHED = "unmatched-selector"  # warning code: a node rule, pattern or --exclude-op that matched nothing
+FALLBACK_REGION = "fallback-region"  # warning code: neighbouring nodes that all lack the --runtime's kernel
 HEAD_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 HEAD_LIMIT = 32  # a head longer than this is no head (e.g. a model without a final layer)
 HEAD_MAX_SHARE = 0.05  # a head doing more of the model's MatMul/Gemm/Conv work than this stays low
@@ -494,25 +495,26 @@ def _apply_selections(planned, selections: _Selections, force_fp32, result: Clas
 
 def _apply_runtime_kernels(index: GraphIndex, planned, runtime: str, target: Precision, result) -> None:
     """The runtime's kernels (--runtime): a planned node whose op `runtime` registers no kernel for at the target
-    type and the model's opset seeds DENY (reason "no-kernel"); the table not knowing (None) changes nothing, and
+    type and the model's opset, or whose planned port types split a group of type parameters the runtime's
+    kernel binds to one type, seeds DENY (reason "no-kernel"); the table not knowing (None) changes nothing, and
     a node a selection forced low keeps its seed, with the reason noted.
 
         GridSample at opset 16, fp16, runtime cuda (registered for float only) -> Seed.DENY "no-kernel"
-        MatMul at opset 12, bf16, runtime cuda (bf16 from opset 13)          -> Seed.DENY "no-kernel" """
+        MatMul at opset 12, bf16, runtime cuda (bf16 from opset 13)          -> Seed.DENY "no-kernel"
+        BatchNormalization at 17, fp16 data, scale/bias/mean/var pinned fp32  -> Seed.DENY "no-kernel" """
     seeds, reasons = result.seeds, result.reasons
     elem_type = target.elem_type
     if elem_type is None:
         raise InternalCheckError(f"classify: target {target} has no element type")
     table = f"data/kernels_{runtime}.json"  # the reason's source, which names the runtime for the summary
-    answers: dict = {}  # (domain, op) -> the message, or None where the runtime has the kernel or cannot tell
+    answers: dict = {}  # (domain, op, roles) -> the message, or None where the runtime has the kernel or cannot tell
+    denied: list = []  # the nodes seeded DENY here, in the index's order
     for node in planned:
         if seeds[node.id] == Seed.DENY:
             continue
-        key = (node.domain, node.op)
+        key = (node.domain, node.op, result.roles_in[node.id], result.roles_out[node.id])
         if key not in answers:
-            opset = index.opset(node.domain)
-            lacking = opset is not None and has_kernel(runtime, node.domain, node.op, opset, elem_type) is False
-            answers[key] = no_kernel_message(runtime, node.op, opset, target.value) if opset and lacking else None
+            answers[key] = _missing_kernel(index, node, runtime, elem_type, target.value, key[2:])
         message = answers[key]
         if message is None:
             continue
@@ -523,6 +525,103 @@ def _apply_runtime_kernels(index: GraphIndex, planned, runtime: str, target: Pre
         else:
             seeds[node.id] = Seed.DENY
             reasons[node.id].append(Reason("no-kernel", message, table))
+            denied.append(node)
+    _warn_regions(denied, runtime, result)
+
+
+def _warn_regions(denied: list, runtime: str, result) -> None:
+    """One plan warning for the regions of neighbouring nodes (two or more, joined by tensors) that all lack the
+    runtime's kernel: ONNX Runtime would run each region on the CPU provider as one block, with copies only at its
+    edges, and the user may rather move the region (or the model's opset) than read node after node."""
+    members = {node.id: node for node in denied}
+    parent = {nid: nid for nid in members}
+
+    def root(nid: int) -> int:
+        while parent[nid] != nid:
+            parent[nid] = parent[parent[nid]]
+            nid = parent[nid]
+        return nid
+
+    for node in denied:
+        for value in node.outputs:
+            for consumer, _ in value.consumers if value is not None else ():
+                if consumer.id in members:
+                    parent[root(consumer.id)] = root(node.id)
+    regions: dict[int, list] = {}
+    for node in denied:
+        regions.setdefault(root(node.id), []).append(node)
+    big = sorted((r for r in regions.values() if len(r) > 1), key=len, reverse=True)
+    if not big:
+        return
+    shown = "; ".join(
+        f"{len(r)} nodes from '{r[0].name or r[0].op}' ({', '.join(sorted({n.op for n in r}))})" for r in big[:3]
+    )
+    more = f"; and {len(big) - 3} more" if len(big) > 3 else ""
+    result.warnings.append(
+        (
+            FALLBACK_REGION,
+            f"{len(big)} region(s) of neighbouring nodes have no {runtime} kernel and stay fp32 together: "
+            f"{shown}{more}",
+            None,
+        )
+    )
+
+
+RUNTIME_FALLBACK = "runtime-fallback"  # warning code: nodes planned low that ONNX Runtime's CUDA provider lacks
+
+
+def warn_cuda_fallbacks(index: GraphIndex, plan) -> None:
+    """A plan made for no runtime (--runtime any, the default) warns once when nodes it plans low have no kernel in
+    ONNX Runtime's CUDA provider: deployed there, each runs on the CPU provider with copies around it (fp16
+    BatchNormalization with fp32 parameters sent every one of resnet_tiny's nine to the CPU on an H200, 0.10x the
+    fp32 model's speed). The plan itself stays as the schemas allow; --runtime cuda keeps such nodes fp32."""
+    target = plan.target
+    elem_type = target.elem_type
+    if elem_type is None:
+        return
+    answers: dict = {}
+    ops: dict[str, int] = {}
+    for node in index.nodes:
+        if plan.precisions[node.id] != target:
+            continue
+        key = (node.domain, node.op, plan.roles_in[node.id], plan.roles_out[node.id])
+        if key not in answers:
+            answers[key] = _missing_kernel(index, node, "cuda", elem_type, target.value, key[2:])
+        if answers[key] is not None:
+            ops[node.op] = ops.get(node.op, 0) + 1
+    if ops:
+        listed = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
+        plan.warnings.append(
+            PlanWarning(
+                RUNTIME_FALLBACK,
+                f"{sum(ops.values())} node(s) planned {target} have no kernel in {runtime_label('cuda')} ({listed}): "
+                "on ONNX Runtime's CUDA provider each would run on the CPU with copies around it; pass --runtime cuda "
+                "to keep them fp32 (or plan for tensorrt or dml)",
+            )
+        )
+
+
+def _missing_kernel(index: GraphIndex, node, runtime: str, elem_type: int, target: str, roles) -> str | None:
+    """Why `runtime` has no kernel for `node` planned low (its ports' roles `roles`: inputs, outputs), or None."""
+    opset = index.opset(node.domain)
+    if not opset:
+        return None
+    if has_kernel(runtime, node.domain, node.op, opset, elem_type) is False:
+        return no_kernel_message(runtime, node.op, opset, target)
+    sig = signatures.lookup(node.domain, node.op, opset)
+    if sig is None:
+        return None
+    planned = {_FOLLOW: elem_type, _FP32: FLOAT}
+    param_types: dict[str, int] = {}
+    for ports, param_of in ((roles[0], sig.input_param), (roles[1], sig.output_param)):
+        for i, role in enumerate(ports):
+            param = param_of(i)
+            if param is not None and role in planned:
+                param_types.setdefault(param, planned[role])
+                if param_types[param] != planned[role]:
+                    param_types[param] = -1  # one parameter given two types: the schema refuses it elsewhere
+    group = split_tie(runtime, node.domain, node.op, opset, param_types)
+    return split_tie_message(runtime, node.op, opset, group, param_types) if group else None
 
 
 def _warn_unmatched(selections: _Selections, used: set, result: Classification) -> None:

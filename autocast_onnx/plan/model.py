@@ -173,6 +173,7 @@ class PrecisionPlan:
         self.search: dict | None = None  # the --target search that chose forced nodes (its log)
         # the opset upgrade made before planning (--opset): {"from": 11, "to": 15}; None: none
         self.opset: dict | None = None
+        self.runtime: str | None = None  # the runtime planned for (--runtime cuda, tensorrt, dml); None: any
         nodes = nodes or []
         self.precisions: list = [Precision(n.precision) for n in nodes]
         self.categories: list[str] = [n.category for n in nodes]

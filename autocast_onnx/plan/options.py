@@ -56,7 +56,7 @@ class PlanOptions:
     # Beside a replayed plan it is compared: the plan records the upgrade it was made after
     # (plan.opset), replay repeats that upgrade, and a different --opset contradicts the plan.
     opset: int | None = field(default=None, metadata=_surfaces("--opset", "opset", "compared"))
-    # the runtime the model is planned for (cuda, tensorrt; None or "any": every runtime, today's plan): a node
+    # the runtime the model is planned for (cuda, tensorrt, dml; None or "any": every runtime, today's plan): a node
     # whose op that runtime has no kernel for at the low type (catalog/kernels.py) stays fp32
     runtime: str | None = field(default=None, metadata=_surfaces("--runtime", "runtime", "refused"))
     # a node rule, node pattern, --exclude-op or --include-op that matches nothing is an error
@@ -102,7 +102,7 @@ class PlanOptions:
         return bool(self.exclude_ops or self.include_ops or self.exclude_nodes or self.include_nodes)
 
 
-RUNTIME_CHOICES = ("cuda", "tensorrt", "any")  # --runtime: the kernel tables' runtimes, and any
+RUNTIME_CHOICES = ("cuda", "tensorrt", "dml", "any")  # --runtime: the kernel tables' runtimes, and any
 
 
 def _check_opset_request(opset) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from ..catalog.kernels import runtime_label
 from ..plan.model import NOTE_CODES, PRECISIONS
 from .cost import conversion_cost, cost_line
 
@@ -44,6 +45,7 @@ def summary_dict(result) -> dict:
         "notes": sum(1 for w in plan.warnings if w.code in NOTE_CODES),
         **({"edited_nodes": [n.label for n in plan.nodes if n.edited]} if plan.replayed else {}),
         **_no_kernel(plan),
+        "runtime": plan.runtime,  # --runtime cuda, tensorrt, dml; None: planned for any
         "outputs_renamed": list(result.stats.outputs_renamed),
         "graphs_sorted": list(result.stats.graphs_sorted),
         "clamped_values": result.stats.clamped_values,
@@ -96,6 +98,17 @@ def _no_kernel(plan) -> dict:
     if not ops:
         return {}
     return {"no_kernel": {"runtime": runtime, "nodes": sum(ops.values()), "ops": sorted(ops)}}
+
+
+def _runtime_line(plan, cost: dict) -> str:
+    """What the plan made for a runtime runs at the target type there: the share of the MatMul/Gemm/Conv work
+    (bf16 on ONNX Runtime's CUDA provider is where this is least: its kernels take bf16 for far fewer ops)."""
+    where = f"planned for {runtime_label(plan.runtime)}"
+    total = cost.get("macs") if cost.get("computed") else None
+    if not total:
+        return f"{where}: share of the MatMul/Gemm/Conv work in {plan.target} there unknown (no shapes known)"
+    share = cost["macs_low_precision"] / total * 100
+    return f"{where}: {share:.1f}% of the MatMul/Gemm/Conv work runs in {plan.target} there"
 
 
 _FLUSHED = re.compile(r"^(\d+) of (\d+) nonzero values")
@@ -154,6 +167,8 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         lines.append(
             f"kept fp32 for want of a {lack['runtime']} kernel: {lack['nodes']} (ops {', '.join(lack['ops'])})"
         )
+    if plan.runtime is not None:
+        lines.append(_runtime_line(plan, s["cost"]))
     lines.append(cost_line(s["cost"]))
     stats = result.stats
     if plan.training is not None:
