@@ -51,7 +51,7 @@ def convert(
     The other keywords are those of pipeline.convert: the planning options (PlanOptions' fields:
     precision, rules, keep_io_types, exclude_ops, include_ops, exclude_nodes, include_nodes,
     low_precision_io, strict; or one PlanOptions as options=), check, plan, loss_scale, ... With
-    `calibration_data` (an .npz file or folder) the fp32 model runs on it first and nodes whose
+    `calibration_data` (an .npz or Polygraphy .json file, or a folder) the fp32 model runs on it first and nodes whose
     tensors leave the target range stay fp32; with `target` (e.g. "rtol=0.05" or
     ["cosine=0.9999", "top1=0.99"]) the accuracy search keeps the fewest nodes fp32 that meet it
     on `inputs`, or on `batches` generated from `dims`, `ranges` and `seed`, measured as validate

@@ -711,6 +711,7 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         order=global_order(index),
         low_precision_io=low_names,
     )
+    plan.rule_sha256 = list(selection.rule_set.digests)  # the provenance record names them (rewrite/provenance.py)
     plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_notes)
     plan.runtime = selection.runtime if selection.runtime not in (None, "any") else None
     if Seed.ALLOW in classification.seeds:  # a node forced low may read an out-of-range constant

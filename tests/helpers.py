@@ -254,3 +254,17 @@ def reshaped_to_fixed_rows(seed: int = 2):
     )
     m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
     return m
+
+
+def sarif_location_path(run: dict, artifact: dict):
+    """The file a SARIF artifactLocation names: its relative URI under the run's
+    originalUriBaseIds entry for its uriBaseId, or its absolute file URI."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    uri = artifact["uri"]
+    if "uriBaseId" in artifact:
+        uri = run["originalUriBaseIds"][artifact["uriBaseId"]]["uri"] + uri
+    parsed = urlparse(uri)
+    assert parsed.scheme == "file", uri
+    return Path(unquote(parsed.path))

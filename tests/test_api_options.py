@@ -65,6 +65,8 @@ CLI_ONLY: dict[str, dict[str, str]] = {
         "plan_out": "result.plan.save(path)",
         "external_data": "convert_file writes the model; convert returns it",
         "run_validate": "validate() is a call of its own",
+        "models": "convert takes one model (`model`); converting several is a loop of the caller's",
+        "jobs": "how many models the command line converts at once: a loop of the caller's in the API",
     },
     "validate": GENERAL | REPORTS,
     "lint": GENERAL
@@ -74,6 +76,7 @@ CLI_ONLY: dict[str, dict[str, str]] = {
         "statistics": "LintReport.counts()",
         "exit_zero": "the API has no exit code: LintReport.passed",
         "show_protected": "LintReport.text(show_protected=True)",
+        "jobs": "how many models the command line lints at once, in processes: the caller's in the API",
     },
     "explain": GENERAL,
     "check": GENERAL
@@ -86,6 +89,7 @@ FROM_DATA = "what plan_on_data measured (calibration ranges, the search's fp32 n
 OPTIONS = "the planning options as one PlanOptions object instead of keywords"
 API_ONLY: dict[str, dict[str, str]] = {
     "convert": {"copy": "an in-memory model is copied unless copy=False", "calibration": FROM_DATA}
+    | {"model": "one model per call: the command line's MODELS (several) are a loop of calls"}
     | {"force_fp32": FROM_DATA, "options": OPTIONS},
     "validate": {},
     "lint": {},

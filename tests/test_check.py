@@ -15,6 +15,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from helpers import cli_process as cli_proc
+from helpers import sarif_location_path
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
@@ -338,7 +339,7 @@ def test_sarif_of_the_converted_model(tmp_path, sarif_validator):
         assert result["ruleId"] == diag["code"] == rules[result["ruleIndex"]]["id"]
         assert result["level"] == "note"
         [location] = result["locations"]
-        assert location["physicalLocation"]["artifactLocation"]["uri"] == str(out)
+        assert sarif_location_path(run, location["physicalLocation"]["artifactLocation"]) == out
         assert location["logicalLocations"][0]["name"] == diag["node"]
         assert location["logicalLocations"][0]["fullyQualifiedName"] == f"main::{diag['node']}"
 
@@ -352,7 +353,10 @@ def test_sarif_without_output_names_a_file_that_exists(tmp_path, sarif_validator
     assert code == 0
     sarif = json.loads(sarif_path.read_text())
     sarif_validator.validate(sarif)
-    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in sarif["runs"][0]["results"]}
-    assert uris, "the converted resnet has two info findings"
-    for uri in uris:
-        assert Path(uri).is_file(), f"SARIF location {uri} does not exist after the run"
+    [run] = sarif["runs"]
+    paths = {
+        sarif_location_path(run, r["locations"][0]["physicalLocation"]["artifactLocation"]) for r in run["results"]
+    }
+    assert paths, "the converted resnet has two info findings"
+    for path in paths:
+        assert path.is_file(), f"SARIF location {path} does not exist after the run"

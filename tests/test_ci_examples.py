@@ -1,10 +1,9 @@
-"""The CI integration files: the GitHub Actions example runs the `autocast-onnx check` line it
-ships, and the pre-commit hooks run as pre-commit would run them.
+"""The pre-commit hooks run as pre-commit would run them (the GitHub Actions example and the
+action it uses: tests/test_action.py).
 
-Both files are read with small line parsers, so the tests need no YAML library; the files keep
-to one `key: value` per line for that (see the comment at the top of .pre-commit-hooks.yaml)."""
+The manifest is read with a small line parser; it keeps to one `key: value` per line for that
+(see the comment at the top of .pre-commit-hooks.yaml)."""
 
-import json
 import re
 import shlex
 import subprocess
@@ -15,12 +14,8 @@ import onnx
 from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKFLOW = ROOT / "examples" / "ci" / "github-actions-autocast-onnx.yml"
 HOOKS = ROOT / ".pre-commit-hooks.yaml"
 CI_README = ROOT / "examples" / "ci" / "README.md"
-
-# Options of `check` whose value is a file it writes: redirected into tmp_path by the tests.
-OUTPUT_OPTIONS = ("--sarif", "--report-json", "--report-html", "-o", "--output")
 
 
 # ---- tiny parsers ---------------------------------------------------------------------------
@@ -77,89 +72,12 @@ def parse_hooks(text: str) -> list[dict]:
     return hooks
 
 
-def workflow_run_lines(text: str) -> list[str]:
-    """The one-line `run:` commands of a workflow's steps."""
-    found = []
-    for raw in text.splitlines():
-        m = re.match(r"^\s*(?:-\s+)?run:\s*(.*)$", raw)
-        if m:
-            value = m.group(1).strip()
-            assert value and value[0] not in "|>", f"multi-line run: step: {raw!r}"
-            found.append(value)
-    return found
-
-
-def workflow_values(text: str, key: str) -> list[str]:
-    return [_scalar(_strip_comment(m.group(1))) for m in re.finditer(rf"^\s*{re.escape(key)}:\s*(.+)$", text, re.M)]
-
-
-def workflow_step(text: str, needle: str) -> str:
-    """The lines of the list item (a step) that contains `needle`."""
-    lines = text.splitlines()
-    at = next(k for k, line in enumerate(lines) if needle in line)
-    start = next(k for k in range(at, -1, -1) if re.match(r"^\s*-\s", lines[k]))
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    end = start + 1
-    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
-        end += 1
-    return "\n".join(lines[start:end])
-
-
 def test_parser_reads_flow_lists_quotes_and_comments():
     hooks = parse_hooks("- id: a  # x\n  files: '\\.onnx$'\n  stages: [manual, 'pre-push']\n  on: true\n- id: b\n")
     assert hooks == [{"id": "a", "files": r"\.onnx$", "stages": ["manual", "pre-push"], "on": True}, {"id": "b"}]
 
 
-# ---- the GitHub Actions example -------------------------------------------------------------
-
-
-def check_command() -> list[str]:
-    text = WORKFLOW.read_text(encoding="utf-8")
-    lines = [r for r in workflow_run_lines(text) if "autocast-onnx check" in r]
-    assert len(lines) == 1, lines
-    argv = shlex.split(lines[0])
-    assert argv[:2] == ["autocast-onnx", "check"], argv
-    return argv
-
-
-def test_workflow_uploads_what_the_check_writes():
-    text = WORKFLOW.read_text(encoding="utf-8")
-    argv = check_command()
-    sarif = argv[argv.index("--sarif") + 1]
-    report = argv[argv.index("--report-json") + 1]
-    assert "github/codeql-action/upload-sarif@v3" in text
-    assert workflow_values(text, "sarif_file") == [sarif]
-    assert "actions/upload-artifact@" in text and report in workflow_values(text, "path")
-    assert re.search(r"^\s+security-events:\s*write\b", text, re.M)
-    # both uploads run when the check step failed, which is when their content matters
-    for action in ("github/codeql-action/upload-sarif@", "actions/upload-artifact@"):
-        step = workflow_step(text, action)
-        assert re.search(r"^\s+(?:-\s+)?if:\s*always\(\)\s*$", step, re.M), step
-    assert workflow_values(text, "python-version") == ["3.11"]
-    assert 'pip install ".[cpu]"' in workflow_run_lines(text)
-
-
-def test_workflow_check_command_passes_on_the_example_model(tmp_path):
-    argv = check_command()
-    args = argv[2:]
-    written = {}
-    for option in OUTPUT_OPTIONS:
-        if option in args:
-            k = args.index(option)
-            written[option] = tmp_path / Path(args[k + 1]).name
-            args[k + 1] = str(written[option])
-    assert set(written) >= {"--sarif", "--report-json"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "autocast_onnx", "check", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "result: PASS" in proc.stdout
-    sarif = json.loads(written["--sarif"].read_text())
-    assert sarif["version"] == "2.1.0"
-    assert sarif["runs"][0]["tool"]["driver"]["name"] == "autocast-onnx"
-    report = json.loads(written["--report-json"].read_text())
-    assert report["gate"]["passed"] is True
-    assert report["validation"] is not None and report["validation"]["passed"] is True
+# The GitHub Actions example uses the action at the repository root: tests/test_action.py runs it.
 
 
 # ---- the pre-commit hooks -------------------------------------------------------------------

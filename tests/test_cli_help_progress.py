@@ -50,7 +50,7 @@ def test_a_command_without_arguments_prints_one_usage_line(tmp_path):
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "autocast-onnx: error: Missing argument 'MODEL'. (see autocast-onnx convert --help)"
+        "autocast-onnx: error: Missing argument 'MODELS...'. (see autocast-onnx convert --help)"
     ]
 
 

@@ -66,6 +66,16 @@ REGEX = {"empty": "", "blank": "   ", "bad_regex": "(["}
 IO_REGEX = REGEX | {"matches_nothing": "nosuch.*", "matches_no_float": "input_ids"}
 OP = {"empty": "", "blank": "   "}
 # --opset: a whole number the installed onnx knows, not below the model's (17)
+JOBS = {  # -j: 1 to cli.main.MAX_JOBS worker processes
+    "negative": "-1",
+    "zero": "0",
+    "nan": "nan",
+    "inf": "inf",
+    "huge": ["1025", str(10**30)],
+    "not_a_number": "abc",
+    "empty": "",
+    "fraction": "1.5",
+}
 OPSET = {
     "negative": "-1",
     "zero": "0",
@@ -192,8 +202,9 @@ VALIDATION = {
 
 HOSTILE = {
     "convert": {
-        "model": INPUT_FILE,
+        "models": INPUT_FILE,
         "output": OUTPUT | {"same_as_other": "{out}/plan.json", "stdout": "-"},
+        "jobs": JOBS,
         "precision": choice(),
         "rules": RULES,
         "keep_io_types": NO_VALUE,
@@ -249,6 +260,7 @@ HOSTILE = {
     },
     "lint": {
         "models": INPUT_FILE,
+        "jobs": JOBS,
         "fmt": choice(),
         "statistics": NO_VALUE,
         "exit_zero": NO_VALUE,
@@ -355,7 +367,7 @@ HOSTILE = {
 # (tiny model, no speed measurement) and exercising every option (convert validates).
 BASE = {
     "convert": {
-        "model": "{model}",
+        "models": "{model}",
         "output": "{out}/o.onnx",
         "plan_out": "{out}/plan.json",
         "run_validate": True,

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autocast_onnx"
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "__main__"),  # the public facade: `import autocast_onnx`, `python -m autocast_onnx`
     ("cli",),  # option groups and exit codes over the library calls
-    ("api", "config"),  # the Python API; the configuration file feeding the options
+    ("api", "compat", "config"),  # the Python API, its drop-ins for other converters; the configuration file
     ("gate",),  # `check`: convert, validate and lint in one verdict
     ("validate", "lint", "options"),  # run and compare models, the checks; the options objects
     ("training",),  # artifacts folders: converts each model of the folder

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import re
 import sys
 from collections.abc import Sequence
@@ -101,6 +102,9 @@ class RuleSet:
     # float graph output, and what lies between it and the output) stays fp32; "off": no rule
     output_head: OpRule = OpRule("off", "built-in default: no output-head rule", Source("<built-in>", 0))
     files: list[str] = field(default_factory=list)
+    # sha256 of each file's bytes, in the order of `files`: the provenance record of a converted
+    # model names the exact rules it was planned with (rewrite/provenance.py)
+    digests: list[str] = field(default_factory=list)
 
     def op_rule(self, domain: str, op_type: str) -> OpRule | None:
         return self.ops.get((normalize_domain(domain), op_type))
@@ -197,6 +201,7 @@ def _merge(rules: RuleSet, path: Path) -> None:
     text, data = read_toml(path, where, "rule file")
     file = _File(where, text)
     rules.files.append(where)
+    rules.digests.append(hashlib.sha256(path.read_bytes()).hexdigest())
     for key in data:
         if key not in TOP_KEYS:
             file.fail(

@@ -321,7 +321,11 @@ def _refuse_generation_with_inputs(ctx, kw) -> None:
         )
 
 
-def input_options_group(batches: bool = True, inputs_help: str = "An .npz file (one batch) or a folder of .npz files."):
+def input_options_group(
+    batches: bool = True,
+    inputs_help: str = "An .npz file (one batch), a Polygraphy JSON input file (--save-inputs FILE.json; one batch "
+    "per feed dict) or a folder of either.",
+):
     """Where a run's inputs come from: --inputs, or batches generated from --dim, --input-range and
     --seed (and --batches of them). Shared by validate, convert --validate/--target, check and
     diagnose (one batch: no --batches)."""
@@ -418,8 +422,9 @@ def validation_options(f):
             click.option(
                 "--save-inputs",
                 type=PATH,
-                help="Write the generated batch to this .npz before the models run (kept when validation fails), "
-                "to replay it with --inputs.",
+                help="Write the generated batches before the models run (kept when validation fails), to replay "
+                "them with --inputs: a FILE.json is Polygraphy's input file (every batch; polygraphy run "
+                "--load-inputs reads it), any other name one batch as an .npz.",
             ),
             click.option("--report-json", type=PATH, help="Write the report as JSON ('-': stdout)."),
             click.option("--report-html", type=PATH, help="Write a self-contained HTML report ('-': stdout)."),
@@ -541,7 +546,7 @@ def _write_validation_reports(report, report_json, report_html) -> None:
 
 # --help lists a command's options in these named groups, in this order (by parameter name)
 OPTION_GROUPS = (
-    ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top")),
+    ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top", "jobs")),
     (
         "Precision and rules",
         ("precision", "rules", "keep_io_types", "low_precision_io", "opset", "runtime", "plan_file", "loss_scale"),
@@ -646,9 +651,31 @@ def cli() -> None:
     """Automatic mixed precision for ONNX models, correct by default and explained node by node."""
 
 
+MAX_JOBS = 1024  # -j's bound: more worker processes than any machine has cores
+
+
+def jobs_option(f):
+    """-j N: models worked on at once, in worker processes (cli/batch.py)."""
+    return click.option(
+        "-j",
+        "--jobs",
+        type=click.IntRange(min=1, max=MAX_JOBS),
+        default=None,
+        help="With several models: how many to work on at once, in that many worker processes "
+        "(default: the number of cores; 1: one after the other in this process).",
+    )(f)
+
+
 @cli.command()
-@click.argument("model", type=PATH)
-@click.option("-o", "--output", type=PATH, help="Output model (default: MODEL.<precision>.onnx beside the input).")
+@click.argument("models", nargs=-1, required=True, type=PATH)
+@click.option(
+    "-o",
+    "--output",
+    type=PATH,
+    help="Output model (default: MODEL.<precision>.onnx beside the input); with several models, the folder "
+    "to write them into (created if missing), each under that name.",
+)
+@jobs_option
 @plan_options_group()
 @click.option(
     "--plan",
@@ -680,8 +707,8 @@ def cli() -> None:
 @click.option(
     "--calibration-data",
     type=PATH,
-    help="An .npz file or folder of them: run the fp32 model on it and keep fp32 the nodes whose tensors "
-    "leave the target type's safe range.",
+    help="An .npz file, a Polygraphy JSON input file or a folder of either: run the fp32 model on it and keep "
+    "fp32 the nodes whose tensors leave the target type's safe range.",
 )
 @click.option(
     "--target",
@@ -704,8 +731,9 @@ def cli() -> None:
 @click.pass_context
 def convert(
     ctx,
-    model,
+    models,
     output,
+    jobs,
     plan_file,
     plan_out,
     external_data,
@@ -723,7 +751,14 @@ def convert(
 
     MODEL may be an onnxruntime-training artifacts folder: its training and eval models are
     converted into the -o folder (default: FOLDER.<precision>), the optimizer model and
-    checkpoint are copied, and autocast-manifest.json says what changed."""
+    checkpoint are copied, and autocast-manifest.json says what changed.
+
+    Several models, or a folder (searched for .onnx files, skipping those named like outputs,
+    NAME.fp16.onnx and NAME.bf16.onnx): each is converted on its own (-j at once), beside its
+    input or into the -o folder, and one table is printed at the end. A model that fails does
+    not stop the others; the exit code is the worst: 3 an internal error, 2 bad input, 1 a
+    failed --validate threshold, 0 none."""
+    model = models[0]
     call = _ConvertCall(
         ctx=ctx,
         model=model,
@@ -741,6 +776,9 @@ def convert(
         verbose=verbose,
         kw=kw,
     )
+    if _many_models(models):
+        _convert_many(call, models, jobs)
+    _jobs_without_effect(jobs)
     call.to_stderr = _to_stdout(plan_out, call.report_json, call.report_html)  # stdout holds the report alone
     passed = run_guarded(functools.partial(_convert_body, call), doing="converting", subject=model)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
@@ -1024,6 +1062,144 @@ def _convert_folder(model, output, plan, check, loss_scale, echo) -> bool:
     return True
 
 
+def _many_models(models) -> bool:
+    """Whether convert works on a batch: several models, or a folder that is not an
+    onnxruntime-training artifacts folder."""
+    return len(models) > 1 or (Path(models[0]).is_dir() and not _artifacts_folder(models[0]))
+
+
+def _jobs_without_effect(jobs) -> None:
+    """Nothing silent: -j with one model does nothing, said in a warning."""
+    if jobs is not None:
+        _say("warning", "-j has no effect with one model: it sets how many models are worked on at once")
+
+
+# options that belong to one model: refused with several
+_ONE_MODEL_ONLY = (
+    "plan_file",
+    "plan_out",
+    "report_json",
+    "report_html",
+    "save_inputs",
+    "inputs",
+    "calibration_data",
+    "targets",
+)
+
+
+def _convert_many(call: _ConvertCall, models, jobs) -> None:
+    """convert on several models (cli/batch.py): the options checked once, every output decided
+    and checked before any work, the models converted (-j at once), one table printed; exits
+    with the worst outcome."""
+    from . import batch
+
+    lines, code = run_guarded(
+        functools.partial(_convert_batch, call, models, jobs or batch.default_jobs()),
+        doing="converting",
+        subject=", ".join(str(m) for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else ""),
+    )
+    for line in lines:
+        _say("error", line)
+    sys.exit(code)
+
+
+def _convert_batch(call: _ConvertCall, models, jobs: int, written) -> tuple[list[str], int]:
+    """_convert_many under run_guarded: the error lines to print after the table, and the exit
+    code."""
+    import time
+
+    from . import batch
+
+    given = _given(call.ctx, _ONE_MODEL_ONLY)
+    if given:
+        several = "a directory of models" if len(models) == 1 else "several models"
+        raise AutocastError(
+            f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect with {several}: "
+            f"{'it names' if len(given) == 1 else 'each names'} a file of one model",
+            str(models[0]) if len(models) == 1 else None,
+            "convert that model on its own to use them",
+        )
+    _refuse_convert_options_without_effect(call)
+    settings, config_file = _setup(call.config, call.verbose)
+    plan = _plan_from(settings, call.kw)
+    if call.loss_scale is not None:
+        from ..rewrite.loss_scale import parse_loss_scale
+
+        parse_loss_scale(call.loss_scale)
+    validation = None
+    if call.run_validate:
+        from ..options import validate_options
+        from ..validate import core  # noqa: F401  (imported once here, before the workers fork)
+
+        validation = validate_options(settings, **call.kw)
+    for model in models:  # an artifacts folder's models are converted together, by convert FOLDER
+        if _artifacts_folder(model):
+            raise AutocastError(
+                "an onnxruntime-training artifacts folder cannot be converted among other models",
+                str(model),
+                f"convert it on its own: autocast-onnx convert {model}",
+            )
+    expanded = batch.expand_models(models, skip_converted=True)
+    if not expanded.paths:  # nothing to convert: the error, nothing written
+        raise expanded.errors[0]
+    outs = _batch_outputs(call, expanded, plan, config_file, written)
+    if expanded.skipped:
+        _say(
+            "warning",
+            f"skipped {len(expanded.skipped)} file(s) named like converted models (*.fp16.onnx, *.bf16.onnx), "
+            f"e.g. {expanded.skipped[0]}; pass them as files to convert them",
+        )
+    jobs_list = [
+        batch.ConvertJob(path, out, plan, call.check, call.external_data, call.loss_scale, validation, call.verbose)
+        for path, out in zip(expanded.paths, outs, strict=True)
+    ]
+    from .. import pipeline  # noqa: F401  (imported once here, before the workers fork)
+
+    progress = batch.Progress(len(jobs_list), enabled=not call.quiet)
+    start = time.perf_counter()
+    outcomes = batch.run_all(
+        batch.convert_one,
+        jobs_list,
+        jobs=jobs,
+        doing="converting",
+        subjects=expanded.paths,
+        done=lambda k, outcome: progress(expanded.paths[k], outcome),
+    )
+    progress.finish()
+    for outcome in outcomes:
+        if outcome.value is not None and outcome.value.summary:
+            call.echo(outcome.value.summary)
+            call.echo("")
+    call.echo(batch.convert_table(jobs_list, outcomes, time.perf_counter() - start))
+    errors = [*(e.line() for e in expanded.errors), *(o.error for o in outcomes if o.error)]
+    code = max(batch.worst(outcomes), batch.EXIT_INPUT if expanded.errors else batch.EXIT_OK)
+    return errors, code
+
+
+def _batch_outputs(call: _ConvertCall, expanded, plan, config_file, written) -> list[Path]:
+    """Each model's output, refused up front if two clash or one clashes with a file read; the
+    -o folder created; every output tracked (an interrupt removes what the batch wrote)."""
+    from ..io import check_outputs
+    from . import batch
+
+    outs = batch.output_paths(expanded, call.output, plan.target.value)
+    existing = [p for p in expanded.paths if p.exists()]
+    flags = [f"the output of {p}" for p in expanded.paths]
+    created = batch.make_folders(outs, call.output) if call.output is not None else []
+    try:
+        check_outputs(
+            list(zip(flags, outs, strict=True)),
+            [*existing, config_file, *plan.rules],
+            models=flags,
+            read_back=flags if call.run_validate else [],
+        )
+    except AutocastError:
+        batch.remove_folders(created)
+        raise
+    written.track(*outs, *(out.with_name(out.name + ".data") for out in outs))
+    return outs
+
+
 @cli.command()
 @click.argument("model", type=PATH)
 @click.option(
@@ -1132,7 +1308,10 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
 @cli.command()
 @click.argument("reference", type=PATH)
 @click.argument("converted", type=PATH)
-@input_options_group(batches=False, inputs_help="An .npz file (or a folder of them; the first batch is used).")
+@input_options_group(
+    batches=False,
+    inputs_help="An .npz file, a Polygraphy JSON input file or a folder of either (the first batch is used).",
+)
 @click.option(
     "--plan",
     "plan_file",
@@ -1294,26 +1473,30 @@ def _colour() -> bool:
     is_flag=True,
     help="fp32 models: list the findings the conversion rules protect (info) instead of counting them in one line.",
 )
+@jobs_option
 @lint_options_group
 @plan_options_group(keep_io=False)
 @config_option
 @verbose_option
-def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ignore, fail_on, config, verbose, **kw):
+def lint(
+    models, fmt, output, statistics, exit_zero, show_protected, jobs, select, ignore, fail_on, config, verbose, **kw
+):
     """Find numerically unsafe low-precision ops in MODELS: files, or folders searched for .onnx
     files (converted models, or fp32 models as if converted).
 
     For fp32 models, --precision is the type to check against and the plan options decide which
     findings the conversion protects (reported as info, counted in one line unless --show-protected).
-    A model that cannot be read is reported on stderr and the others are linted.
+    A model that cannot be read is reported on stderr and the others are linted; so is one whose
+    linting fails unexpectedly. With several models, -j of them are linted at once.
 
     Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 usage or input error (also when
-    any model could not be read), 3 internal error."""
+    any model could not be read), 3 internal error (also when linting any model failed unexpectedly)."""
     from dataclasses import replace
 
-    from ..lint import lint as run_lint
     from ..lint.report import lint_json, lint_statistics, lint_text, sarif_json
 
     bad_inputs: list[str] = []
+    internal: list[str] = []
 
     def body(written):
         from ..io import check_outputs
@@ -1338,12 +1521,9 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
         if many:
             # configuration suppressions are judged over all the models together
             options = replace(options, report_unused_config=False)
-        results = []
-        for path in paths:
-            try:
-                results.append(run_lint(path, options))
-            except AutocastError as exc:  # one unreadable model does not stop the others
-                bad_inputs.append(exc.line())
+        if not many:
+            _jobs_without_effect(jobs)
+        results = _lint_each(paths, options, jobs, bad_inputs, internal)
         if many and results:
             from ..lint.engine import unused_config_suppressions
 
@@ -1371,11 +1551,55 @@ def lint(models, fmt, output, statistics, exit_zero, show_protected, select, ign
         doing="linting",
         subject=", ".join(str(m) for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else ""),
     )
-    for line in bad_inputs:
+    for line in bad_inputs + internal:
         _say("error", line)
+    if internal:
+        sys.exit(EXIT_INTERNAL)
     if bad_inputs:
         sys.exit(EXIT_INPUT)
     sys.exit(EXIT_FAIL if failed and not exit_zero else EXIT_OK)
+
+
+def _lint_each(paths, options, jobs, bad_inputs: list, internal: list) -> list:
+    """Lint each model (-j at once, cli/batch.py): the results of those linted, in order; a
+    model that cannot be read adds its line to `bad_inputs`, one whose linting failed
+    unexpectedly to `internal`. One model is linted here, its unexpected error the command's."""
+    from functools import partial
+
+    from ..lint import lint as run_lint
+    from . import batch
+
+    if len(paths) == 1:
+        try:
+            return [run_lint(paths[0], options)]
+        except AutocastError as exc:
+            bad_inputs.append(exc.line())
+            return []
+    # on stderr, at a terminal only: lint's stderr otherwise holds its error lines alone
+    progress = batch.Progress(len(paths), enabled=batch.interactive())
+    outcomes = batch.run_all(
+        partial(_lint_one, options=options),
+        paths,
+        jobs=jobs or batch.default_jobs(),
+        doing="linting",
+        subjects=paths,
+        done=lambda k, outcome: progress(paths[k], outcome),
+    )
+    progress.finish()
+    for outcome in outcomes:
+        if outcome.code == batch.EXIT_INPUT:
+            bad_inputs.append(outcome.error)
+        elif outcome.code == batch.EXIT_INTERNAL:
+            internal.append(outcome.error)
+    return [o.value for o in outcomes if o.value is not None]
+
+
+def _lint_one(path, options):
+    """One model of lint's batch: its LintResult as a batch.Outcome."""
+    from ..lint import lint as run_lint
+    from . import batch
+
+    return batch.Outcome(batch.EXIT_OK, run_lint(path, options))
 
 
 @cli.command("rules")
@@ -1514,6 +1738,12 @@ def explain(model, node, op_type, plan_file, calibration_data, config, verbose, 
             # only the plan is read: no rewrite
             planned = plan_model(model, calibration=measured.calibration, options=plan)
         entries = select(planned.plan)
+        from ..rewrite.provenance import describe, read
+
+        index: Any = planned.index  # a GraphIndex: the model as planned (its metadata as read)
+        found = read(index.model)
+        if found is not None:  # a converted model says how it was made
+            click.echo(describe(model, found))
         if len(entries) > 1:
             click.echo(f"{len(entries)} nodes match")
         for entry in entries:

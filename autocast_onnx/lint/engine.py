@@ -14,6 +14,7 @@ from ..diagnostics import Diagnostic, at_least
 from ..errors import AutocastError
 from ..graph.sanity import load_checked
 from ..patterns import UserPattern
+from ..rewrite.provenance import read as read_provenance
 from .catalog import load_checks
 from .checks import KINDS, LintContext, report
 
@@ -62,6 +63,8 @@ class LintResult:
     checks: list  # codes that ran
     suppressed: int = 0
     config_suppression_use: list = field(default_factory=list)  # per options.suppress entry
+    # how autocast-onnx converted the model, from its metadata (rewrite/provenance.py); None: no record
+    provenance: dict | None = None
 
     def failed(self, fail_on: str) -> bool:
         return any(at_least(d.severity, fail_on) for d in self.diagnostics)
@@ -178,4 +181,5 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
         checks=[c.code for c in checks],
         suppressed=suppressed,
         config_suppression_use=[s.used for s in suppressions[:n_config]],
+        provenance=read_provenance(proto),
     )

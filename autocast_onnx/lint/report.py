@@ -3,12 +3,19 @@ Markdown). All read the same Diagnostic list."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .._version import __version__
 from ..diagnostics import SEVERITIES
+from ..errors import AutocastError
+from ..rewrite.provenance import describe as describe_provenance
 from .catalog import load_checks
 
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
@@ -72,6 +79,8 @@ def lint_text(results, show_protected: bool = True, colour: bool = False, verbos
             "as converted" if r.mode == "actual" else f"fp32 model, checked as if every float op ran in {r.precision}"
         )
         lines.append(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})")
+        if r.provenance is not None:
+            lines.append(describe_provenance(r.model or "<model>", r.provenance))
     lines.append(
         f"{len(diagnostics)} finding(s): {sev('error')} {total['error']}, {sev('warning')} {total['warning']}, "
         f"{sev('info')} {total['info']}; {suppressed} suppressed"
@@ -147,6 +156,7 @@ def lint_dict(results) -> dict:
                 "checks": r.checks,
                 "findings": len(r.diagnostics),
                 "suppressed": r.suppressed,
+                "provenance": r.provenance,
             }
             for r in results
         ],
@@ -159,72 +169,144 @@ def lint_json(results) -> str:
     return json.dumps(lint_dict(results), indent=1, default=float, allow_nan=False)
 
 
-def sarif_dict(diagnostics) -> dict:
+SRCROOT = "%SRCROOT%"  # the uriBaseId of locations inside the model's repository
+FINGERPRINT_KEY = "autocastFinding/v1"  # partialFingerprints key; a new version if the hash's inputs change
+DOCS_URL_ENV = "AUTOCAST_ONNX_DOCS_URL"  # absolute URL of autocast-onnx's docs/ folder, for the rules' helpUri
+
+
+def source_root(models) -> Path:
+    """The folder SARIF locations are relative to: the top level of the git checkout holding the
+    first of `models` that is in one (the nearest folder above it with a `.git` folder, or a
+    worktree's `.git` file), else the current folder. Found without running git, so it works
+    where git is not installed."""
+    for model in models:
+        for folder in Path(os.path.abspath(model)).parents if model else ():
+            if (folder / ".git").exists():
+                return folder
+    return Path.cwd()
+
+
+def _model_location(model: str | None, root: Path) -> tuple[dict, str]:
+    """The artifactLocation of a model and the path its fingerprint uses: relative to `root`
+    (uriBaseId %SRCROOT%, percent-encoded) when the model is under it, else its absolute file URI."""
+    if not model:
+        return {"uri": "model.onnx"}, "model.onnx"
+    path = Path(os.path.abspath(model))
+    try:
+        relative = path.relative_to(root).as_posix()
+    except ValueError:
+        return {"uri": path.as_uri()}, path.as_posix()
+    return {"uri": quote(relative), "uriBaseId": SRCROOT}, relative
+
+
+def fingerprint(d, path: str) -> str:
+    """A finding's identity across runs and machines: the check, the model's path in its
+    repository, the graph, the node, its op type and the tensor. Not the message (its measured
+    value may change while the finding stays), not absolute paths, times or positions."""
+    parts = (d.code, path, d.graph, d.node or "", d.op_type or "", d.tensor or "")
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+
+
+def _docs_url() -> str | None:
+    """The absolute URL of the docs/ folder from AUTOCAST_ONNX_DOCS_URL (the GitHub Action sets
+    it to the action's own revision), with a trailing slash; None when unset. SARIF requires an
+    absolute helpUri and code scanning rejects a file with a relative one, so there is no
+    relative fallback: without the variable the rules have no helpUri and their help text names
+    the section of docs/rules.md."""
+    url = os.environ.get(DOCS_URL_ENV, "").strip()
+    if not url:
+        return None
+    if not re.fullmatch(r"https?://[^\s/]+/\S*", url):
+        raise AutocastError(
+            f"{url!r} is not an absolute http(s) URL",
+            DOCS_URL_ENV,
+            "set it to the URL of autocast-onnx's docs/ folder, e.g. "
+            "https://github.com/OWNER/autocast-onnx/blob/REF/docs/, or unset it",
+        )
+    return url if url.endswith("/") else url + "/"
+
+
+def _sarif_rule(c, docs: str | None) -> dict:
+    """One check as a SARIF reportingDescriptor, linked to its section of docs/rules.md."""
+    anchor = f"rules.md#{c.code.lower()}-{c.name}"
+    rule = {
+        "id": c.code,
+        "name": c.name,
+        "shortDescription": {"text": c.summary},
+        "fullDescription": {"text": " ".join(c.why.split())},
+        "help": {"text": f"{c.fix} (autocast-onnx docs/{anchor})"},
+        "defaultConfiguration": {"level": SARIF_LEVEL[c.severity]},
+        "properties": {"kind": c.kind},
+    }
+    if docs is not None:
+        rule["helpUri"] = docs + anchor
+    return rule
+
+
+def _sarif_result(d, index: dict, location: dict, path: str) -> dict:
+    """One finding as a SARIF result: the model file, the node as its logical location, the
+    finding's data as properties, and its fingerprint."""
+    located: dict[str, Any] = {"physicalLocation": {"artifactLocation": location}}
+    if d.node is not None:
+        located["logicalLocations"] = [{"name": d.node, "fullyQualifiedName": f"{d.graph}::{d.node}", "kind": "object"}]
+    value = d.as_dict()["value"]
+    properties = {
+        k: v
+        for k, v in (
+            ("opType", d.op_type),
+            ("graph", d.graph),
+            ("nodeIndex", d.node_index),
+            ("tensor", d.tensor),
+            ("value", value),
+            ("protected", d.protected),
+        )
+        if v is not None
+    }
+    result = {
+        "ruleId": d.code,
+        "ruleIndex": index[d.code],
+        "level": SARIF_LEVEL[d.severity],
+        "message": {"text": d.message},
+        "locations": [located],
+        "partialFingerprints": {FINGERPRINT_KEY: fingerprint(d, path)},
+    }
+    if properties:
+        result["properties"] = properties
+    return result
+
+
+def sarif_dict(diagnostics, root: Path | None = None) -> dict:
+    """SARIF 2.1.0 that code scanning maps: every check as a rule, every finding as a result whose
+    location is relative to `root` (default: source_root of the findings' models), with
+    run.originalUriBaseIds saying where that is, and a fingerprint that tracks the finding from
+    run to run."""
+    diagnostics = list(diagnostics)
     checks = list(load_checks())
     index = {c.code: k for k, c in enumerate(checks)}
-    rules = [
-        {
-            "id": c.code,
-            "name": c.name,
-            "shortDescription": {"text": c.summary},
-            "fullDescription": {"text": " ".join(c.why.split())},
-            "help": {"text": c.fix},
-            "defaultConfiguration": {"level": SARIF_LEVEL[c.severity]},
-            "properties": {"kind": c.kind},
-        }
-        for c in checks
-    ]
+    docs = _docs_url()
+    if root is None:
+        root = source_root(dict.fromkeys(d.model for d in diagnostics))
     artifacts: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     results = []
     for d in diagnostics:
-        uri = d.model or "model.onnx"
-        if uri not in seen:
-            seen[uri] = len(artifacts)
-            artifacts.append({"location": {"uri": uri}})
-        location: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": uri, "index": seen[uri]}}}
-        if d.node is not None:
-            location["logicalLocations"] = [
-                {"name": d.node, "fullyQualifiedName": f"{d.graph}::{d.node}", "kind": "object"}
-            ]
-        value = d.as_dict()["value"]
-        properties = {
-            k: v
-            for k, v in (
-                ("opType", d.op_type),
-                ("graph", d.graph),
-                ("nodeIndex", d.node_index),
-                ("tensor", d.tensor),
-                ("value", value),
-                ("protected", d.protected),
-            )
-            if v is not None
-        }
-        result = {
-            "ruleId": d.code,
-            "ruleIndex": index[d.code],
-            "level": SARIF_LEVEL[d.severity],
-            "message": {"text": d.message},
-            "locations": [location],
-        }
-        if properties:
-            result["properties"] = properties
-        results.append(result)
-    return {
-        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {"driver": {"name": "autocast-onnx", "version": __version__, "rules": rules}},
-                "artifacts": artifacts,
-                "results": results,
-            }
-        ],
-    }
+        location, path = _model_location(d.model, root)
+        if location["uri"] not in seen:
+            seen[location["uri"]] = len(artifacts)
+            artifacts.append({"location": dict(location)})
+        results.append(_sarif_result(d, index, {**location, "index": seen[location["uri"]]}, path))
+    rules = [_sarif_rule(c, docs) for c in checks]
+    run: dict[str, Any] = {"tool": {"driver": {"name": "autocast-onnx", "version": __version__, "rules": rules}}}
+    if any("uriBaseId" in a["location"] for a in artifacts):
+        base = root.absolute().as_uri()
+        run["originalUriBaseIds"] = {SRCROOT: {"uri": base if base.endswith("/") else base + "/"}}
+    run["artifacts"] = artifacts
+    run["results"] = results
+    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0", "runs": [run]}
 
 
-def sarif_json(diagnostics) -> str:
-    return json.dumps(sarif_dict(diagnostics), indent=1, default=float, allow_nan=False)
+def sarif_json(diagnostics, root: Path | None = None) -> str:
+    return json.dumps(sarif_dict(diagnostics, root), indent=1, default=float, allow_nan=False)
 
 
 def rules_text() -> str:

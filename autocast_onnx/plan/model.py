@@ -165,6 +165,10 @@ class PrecisionPlan:
         self._fingerprint_of: Callable[[], str] | None = None
         self._codes_of: Callable[[], list] | None = None
         self.rule_files = list(rule_files)
+        # the sha256 of each rule file's bytes, in the order of rule_files, when the plan was made
+        # (empty: not known, a plan file written before they were recorded); the converted model's
+        # provenance record names them (rewrite/provenance.py)
+        self.rule_sha256: list[str] = []
         self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
         self.source: str | None = None  # the file a replayed plan was read from
@@ -254,6 +258,7 @@ class PrecisionPlan:
             "model_fingerprint": self.fingerprint,
             "vocabulary": vocabulary(),
             "rule_files": self.rule_files,
+            **({"rule_sha256": self.rule_sha256} if self.rule_sha256 else {}),
             "summary": self.counts(),
             "warnings": [asdict(w) for w in self.warnings],
             "clamp_initializers": self.clamp_initializers,
@@ -430,6 +435,7 @@ _PLAN = _Object(
         "model_fingerprint": _STR,
         "vocabulary": _Map(_Map(_STR, "an object of strings"), "an object"),
         "rule_files": _NAMES,
+        "rule_sha256": _NAMES,
         "summary": _Map(_INT, "an object of counts"),
         "warnings": _List(
             _Object({"code": _STR, "message": _STR, "node": _Nullable(_STR)}, ("code", "message")),
@@ -581,7 +587,22 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
     )
     plan.training = training
     plan.opset = _checked_opset(data.get("opset"), where)
+    plan.rule_sha256 = _checked_digests(data.get("rule_sha256", []), plan.rule_files, where)
     return plan
+
+
+def _checked_digests(digests: list, rule_files: list, where: str) -> list:
+    """The plan's "rule_sha256": one sha256 (64 hex digits) per rule file, or none at all."""
+    if digests and len(digests) != len(rule_files):
+        raise AutocastError(
+            f'"rule_sha256" has {len(digests)} entries for {len(rule_files)} "rule_files"',
+            where,
+            "give one sha256 per rule file, or drop the key",
+        )
+    for k, digest in enumerate(digests):
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise AutocastError(f'"rule_sha256[{k}]": expected 64 hex digits, got {digest[:80]!r}', where, _HINT)
+    return list(digests)
 
 
 def _checked_opset(opset: dict | None, where: str) -> dict | None:

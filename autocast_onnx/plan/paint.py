@@ -434,26 +434,31 @@ def index_fingerprint(index: GraphIndex) -> str:
             f"G|{scope.path}|{len(scope.nodes)}|{[v.dtype for v in scope.inputs]}|"
             f"{[v.dtype for v in scope.outputs]}\n".encode()
         )
+        lines: list[str] = []  # hashed in chunks: one update per line costs more than the lines' text
         for node in scope.nodes:
-            sources = []
-            for value in node.inputs:
-                if value is None:
-                    sources.append("-")
-                elif value.producer is not None:
-                    sources.append(f"{value.producer.id}.{value.out_port}:{value.dtype}")
-                elif value.kind == "input" and id(value) in positions:
-                    sources.append(f"in{positions[id(value)]}:{value.dtype}")
-                elif value.initializer is not None:  # a sparse one by its dense shape, not its count of values
-                    sparse = value.scope.sparse.get(value.name) if value.scope.sparse else None
-                    dims = (sparse if sparse is not None else value.initializer).dims
-                    sources.append(f"init{list(dims)}:{value.dtype}")
-                else:
-                    sources.append(f"outer:{value.dtype}")
-            outs = ",".join("-" if v is None else str(v.dtype) for v in node.outputs)
-            digest.update(
-                f"{node.id}|{node.name}|{node.authored_domain}|{node.op}|{','.join(sources)}|{outs}\n".encode()
-            )
+            sources = [_source_text(value, positions) for value in node.inputs]
+            outs = ",".join(["-" if v is None else str(v.dtype) for v in node.outputs])
+            lines.append(f"{node.id}|{node.name}|{node.authored_domain}|{node.op}|{','.join(sources)}|{outs}\n")
+            if len(lines) >= 4096:
+                digest.update("".join(lines).encode())
+                lines.clear()
+        digest.update("".join(lines).encode())
     return digest.hexdigest()
+
+
+def _source_text(value, positions: dict) -> str:
+    """Where one input of a node comes from, as index_fingerprint hashes it."""
+    if value is None:
+        return "-"
+    if value.producer is not None:
+        return f"{value.producer.id}.{value.out_port}:{value.dtype}"
+    if value.kind == "input" and id(value) in positions:
+        return f"in{positions[id(value)]}:{value.dtype}"
+    if value.initializer is not None:  # a sparse one by its dense shape, not its count of values
+        sparse = value.scope.sparse.get(value.name) if value.scope.sparse else None
+        dims = (sparse if sparse is not None else value.initializer).dims
+        return f"init{list(dims)}:{value.dtype}"
+    return f"outer:{value.dtype}"
 
 
 # ---- constants out of range that reach a low-precision node -----------------------------------

@@ -38,6 +38,8 @@ from ..plan.paint import forced_low_reach
 from ..plan.vocab import PortRole, Precision, required_type
 from .checks import check_container_elements
 from .edit import Names, cast_node, write_nodes
+from .provenance import read as read_provenance
+from .provenance import record as record_provenance
 
 log = logging.getLogger(__name__)
 _FOLLOW, _FP32 = PortRole.FOLLOW.value, PortRole.FP32.value
@@ -128,7 +130,10 @@ def apply_plan(
       4. `_run_conversions`: the initializer payloads, vectorised;
       5. `_retarget_attributes`: Cast.to, dtype attributes and Constant values of retyped nodes;
       6. `_declare_types`: value_info, and the model's inputs/outputs when they change type;
-      7. `write_nodes`: node lists written back in order with the new casts in place.
+      7. `write_nodes`: node lists written back in order with the new casts in place;
+      8. `record_provenance`: the model's metadata says how it was made (provenance.py); a model
+         that carries a record already keeps it when the passes changed nothing (converting a
+         converted model again changes nothing, its bytes included).
 
     With a `sink` the converted payloads go there as they are produced (PayloadSink: the
     output's external-data file, or held for a save in one piece, which splices them into the
@@ -136,6 +141,8 @@ def apply_plan(
     classify's cache) holds payloads converted already, stored as they are instead of converting
     again."""
     stats = ApplyStats()
+    # a converted model converted again: its bytes, to tell whether the passes change anything
+    unchanged = index.model.SerializeToString() if read_provenance(index.model) is not None else None
     node_type = [_ELEM_TYPE[p] for p in plan.precisions]
     edit = _Edit(index, plan, node_type, stats, Names(index))
     _output_types(edit)
@@ -155,6 +162,8 @@ def apply_plan(
         if extra:
             scope.graph.sparse_initializer.extend(extra)
     stats.graphs_sorted = write_nodes(index, edit.head, edit.after)
+    if unchanged is None or index.model.SerializeToString() != unchanged:
+        record_provenance(index.model, plan)
     log.debug(
         "apply: %d casts, %d initializers converted, %d copies, %d attributes retargeted",
         stats.casts_added,

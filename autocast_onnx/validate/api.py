@@ -123,11 +123,12 @@ def validate(
     save_inputs=None,
 ) -> ValidationReport:
     """Compare `converted` against `reference` (paths or ModelProtos), as `autocast-onnx validate`:
-    per-output accuracy on `inputs` (an .npz file or folder) or generated batches, and speed (None:
-    timed on CUDA only; True or False forces it). For a causal LM, `generate` tokens of greedy
-    continuation are compared too (0: none). `save_inputs` writes the generated batch to an .npz
-    first. Thresholds left None take the CLI's defaults (rtol 0.01, min_cosine 0.999, min_top1 0.99,
-    min_iou 0.99, map_threshold 0.5); each takes a number for every output, a mapping {output: X}
+    per-output accuracy on `inputs` (an .npz or Polygraphy .json file, or a folder of either) or
+    generated batches, and speed (None: timed on CUDA only; True or False forces it). For a causal
+    LM, `generate` tokens of greedy continuation are compared too (0: none). `save_inputs` writes
+    the generated batch to an .npz (every batch, as Polygraphy's input file, to a path ending in
+    .json) first. Thresholds left None take the CLI's defaults (rtol 0.01, min_cosine 0.999,
+    min_top1 0.99, min_iou 0.99, map_threshold 0.5); each takes a number for every output, a mapping {output: X}
     for some, or a list mixing numbers and "NAME=X" strings as the command line does. Positions an
     attention mask marks as padding are left out unless `compare_padded`."""
     from ..options import save_inputs_path, thresholds_from

@@ -21,9 +21,10 @@ from ..graph.sanity import load_checked
 from . import generation, runner
 from .emulate import emulation_model, session_as_is
 from .fusion import has_qdq, output_step_notes, quantized_report
-from .inputs import describe_batch, describe_inputs, generate, load_batches, plan_inputs, save_batch
+from .inputs import describe_batch, describe_inputs, generate, load_batches, plan_inputs, save_batches
 from .masks import Padding
 from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, verdict
+from .polygraphy_json import is_json
 
 SCHEMA_VERSION = 1
 CPU_SPEED_NOTE = (
@@ -34,8 +35,8 @@ CPU_SPEED_NOTE = (
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    inputs: str | None = None  # .npz file or folder of .npz files
-    save_inputs: str | None = None  # write the generated batch here (.npz) before the models run
+    inputs: str | None = None  # .npz or Polygraphy .json file, or a folder of either
+    save_inputs: str | None = None  # write generated batches here (.npz, Polygraphy's .json) before the runs
     dims: dict = field(default_factory=dict)
     ranges: dict = field(default_factory=dict)
     batches: int = 1  # generated batches when no inputs are given
@@ -188,25 +189,29 @@ def _input_plan(ref: _Loaded, conv: _Loaded, options: ValidateOptions):
 
 
 def check_save_inputs(specs: list, options: ValidateOptions) -> None:
-    """--save-inputs writes one generated batch as an .npz: refused with --inputs (nothing is
-    generated), with several batches (one archive is one batch for --inputs) and for a model with
-    a sequence input (an archive holds arrays only)."""
+    """--save-inputs writes the generated batches, every one to a Polygraphy .json file or one to an
+    .npz: refused with --inputs (nothing is generated), with several batches for an .npz (one
+    archive is one batch for --inputs) and for a model with a sequence input (either file holds
+    arrays only)."""
     if not options.save_inputs:
         return
     if options.inputs:
         raise AutocastError(
             "--save-inputs has no effect with --inputs (nothing is generated)", "--save-inputs", "drop one of them"
         )
-    if options.batches > 1:
+    json_file = is_json(options.save_inputs)
+    if options.batches > 1 and not json_file:
         raise AutocastError(
-            f"--save-inputs writes one batch, and --batches is {options.batches}",
+            f"--save-inputs writes one batch, and --batches is {options.batches}: an .npz holds one",
             "--save-inputs",
-            "save one batch at a time: batch k of --seed S is --batches 1 --seed S+k",
+            "save every batch to a Polygraphy input file, --save-inputs FILE.json, or one at a time: batch k of "
+            "--seed S is --batches 1 --seed S+k",
         )
     sequences = [s.name for s in specs if s.sequence]
     if sequences:
+        holder = "a Polygraphy JSON input file" if json_file else "an .npz archive"
         raise AutocastError(
-            f"input '{sequences[0]}' takes a sequence of tensors, which an .npz archive cannot hold",
+            f"input '{sequences[0]}' takes a sequence of tensors, which {holder} cannot hold",
             "--save-inputs",
             "drop --save-inputs: the same --seed generates the same inputs again",
         )
@@ -246,11 +251,10 @@ def _cached_batches(lm, ref_sess, plan, options: ValidateOptions) -> list:
 
 
 def _saved(batches: list, options: ValidateOptions) -> list:
-    """`batches`, after writing the first to --save-inputs when asked (before any model runs on
-    it, so that a run that fails can be replayed with --inputs); precheck holds --save-inputs to
-    one batch."""
+    """`batches`, after writing them to --save-inputs when asked (before any model runs on them,
+    so that a run that fails can be replayed with --inputs); precheck holds an .npz to one batch."""
     if options.save_inputs:
-        save_batch(options.save_inputs, batches[0])
+        save_batches(options.save_inputs, batches)
     return batches
 
 

@@ -467,7 +467,7 @@ class DiagnoseReport(JsonReport):
 def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None, seed: int = 0, plan=None,
                    top: int = 10) -> DiagnoseReport:  # fmt: skip
     """`autocast-onnx diagnose`: attribution of CONVERTED's error against REFERENCE (paths) on one
-    batch: the first batch of `inputs` (an .npz file or folder), else one generated from `dims`,
+    batch: the first batch of `inputs` (an .npz or Polygraphy .json file, or a folder), else one generated from `dims`,
     `ranges` and `seed` as validate does. `plan` (a plan file or PrecisionPlan of REFERENCE) gives
     categories and reasons; without it they come from the default rules. Returns a DiagnoseReport."""
     from ..graph.sanity import load_checked

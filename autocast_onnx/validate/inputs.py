@@ -1,6 +1,7 @@
 """Stage: validate / inputs. Describes a model's inputs and produces batches for them: from
-.npz files, or generated realistically per input (token ids within the embedding table,
-attention masks with padded and fully masked rows, floats from a normal or a given range)."""
+.npz files or Polygraphy's JSON input files (polygraphy_json.py), or generated realistically per
+input (token ids within the embedding table, attention masks with padded and fully masked rows,
+floats from a normal or a given range)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..errors import AutocastError
+from . import polygraphy_json
 
 BATCH_HINT = re.compile(r"batch|^n$|^b$", re.I)
 SEQ_HINT = re.compile(r"seq|len|token|position|time|step", re.I)
@@ -414,23 +416,53 @@ def attention_mask(shape: tuple) -> np.ndarray:
 
 
 def _batch_files(path: str | Path) -> list[Path]:
+    """The files of --inputs: the file itself, or a folder's *.npz files or its *.json files (Polygraphy's
+    per-iteration files), sorted by name. A folder holding both kinds is refused: which batches were meant,
+    and in which order, would be a guess."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(path.glob("*.npz"))
-        if not files:
-            raise AutocastError("no .npz files in the inputs folder", str(path), "add NAME.npz files, one per batch")
-        return files
+        archives, lists = sorted(path.glob("*.npz")), sorted(path.glob("*" + polygraphy_json.SUFFIX))
+        if archives and lists:
+            raise AutocastError(
+                f"the inputs folder holds both .npz and .json files ({archives[0].name}, {lists[0].name})",
+                str(path),
+                "keep one kind per folder: .npz archives or Polygraphy's .json files",
+            )
+        if not archives and not lists:
+            raise AutocastError(
+                "no .npz or .json files in the inputs folder",
+                str(path),
+                "add NAME.npz files, one per batch, or Polygraphy's per-iteration .json files",
+            )
+        return archives or lists
     if path.is_file():
         return [path]
-    raise AutocastError("inputs path not found", str(path), "give an .npz file or a folder of them")
+    raise AutocastError(
+        "inputs path not found", str(path), "give an .npz file, a Polygraphy .json input file, or a folder of them"
+    )
 
 
-def _check_array(name: str, shape: tuple, dtype: np.dtype, spec: InputSpec, where: str) -> None:
+@dataclass(frozen=True)
+class _Format:
+    """The words of an input file's errors: the file, what holds an array's bytes, how to write it
+    again, and how to pass smaller batches."""
+
+    whole: str
+    holder: str
+    writer: str
+    smaller: str
+
+
+_NPZ = _Format("the archive", "the archive", "numpy.savez", "one .npz file per batch")
+_JSON = _Format("the file", "its base64", polygraphy_json.WRITER, "one feed dict per batch")
+
+
+def _check_array(name: str, shape: tuple, dtype: np.dtype, spec: InputSpec, where: str, fmt: _Format = _NPZ) -> None:
     """Refuse an array the model input cannot take: not numbers, or the wrong rank or size."""
     want = np.dtype(helper.tensor_dtype_to_np_dtype(spec.elem_type))
     what = f"array '{name}'"
     if dtype.hasobject:
-        raise AutocastError(f"{what} is an object array", where, "save plain numeric arrays with numpy.savez")
+        raise AutocastError(f"{what} is an object array", where, f"save plain numeric arrays with {fmt.writer}")
     if want.kind in "biuf" and dtype.kind not in "biuf":
         raise AutocastError(
             f"{what} has dtype {dtype} ({_KIND_NAMES.get(dtype.kind, 'not numbers')}), but input '{name}' takes {want}",
@@ -487,7 +519,11 @@ def _npz_headers(f: Path, wanted=None) -> dict[str, _Member]:
     from numpy.lib import format as npy
 
     if not zipfile.is_zipfile(f):
-        raise AutocastError("not an .npz archive", str(f), "write it with numpy.savez")
+        raise AutocastError(
+            "not an .npz archive",
+            str(f),
+            "write it with numpy.savez; a Polygraphy JSON input file must be named *.json",
+        )
     out: dict[str, _Member] = {}
     name = None
     try:
@@ -555,7 +591,7 @@ def check_archive_size(path: str | Path) -> None:
     _check_inflated_size(f, _npz_headers(f), {})
 
 
-def _in_memory_bytes(member: _Member, spec: InputSpec | None, name: str, where: str) -> int:
+def _in_memory_bytes(member: _Member, spec: InputSpec | None, name: str, where: str, fmt: _Format = _NPZ) -> int:
     """Bytes the array takes once loaded (and converted to the type of its input `spec`), from its
     header; refuses a header that declares more data than the archive member holds."""
     if member.header is None:
@@ -565,10 +601,10 @@ def _in_memory_bytes(member: _Member, spec: InputSpec | None, name: str, where: 
     declared = count * dtype.itemsize
     if declared > member.data_bytes:
         raise AutocastError(
-            f"array {name!r} declares shape {list(shape)} of {dtype} ({declared} bytes), but the archive holds "
+            f"array {name!r} declares shape {list(shape)} of {dtype} ({declared} bytes), but {fmt.holder} holds "
             f"{member.data_bytes} bytes of it",
             where,
-            "the archive is truncated or forged; write it again with numpy.savez",
+            f"{fmt.whole} is truncated or forged; write it again with {fmt.writer}",
         )
     if spec is None:
         return declared
@@ -576,11 +612,11 @@ def _in_memory_bytes(member: _Member, spec: InputSpec | None, name: str, where: 
     return max(declared, count * want.itemsize)
 
 
-def _check_inflated_size(f: Path, members: dict[str, _Member], names: dict) -> None:
+def _check_inflated_size(f: Path | str, members: dict[str, _Member], names: dict, fmt: _Format = _NPZ) -> None:
     """Refuse a batch whose arrays would take more than GENERATED_LIMIT bytes once loaded (the
     limit generated inputs have), before inflating any: a small compressed .npz can declare
-    gigabytes of zeros."""
-    sizes = {name: _in_memory_bytes(member, names.get(name), name, str(f)) for name, member in members.items()}
+    gigabytes of zeros. `f` is where the batch is (a file, or a feed dict of one)."""
+    sizes = {name: _in_memory_bytes(member, names.get(name), name, str(f), fmt) for name, member in members.items()}
     total = sum(sizes.values())
     if total > GENERATED_LIMIT:
         biggest = max(sizes, key=lambda n: sizes[n])
@@ -590,7 +626,7 @@ def _check_inflated_size(f: Path, members: dict[str, _Member], names: dict) -> N
             f"the inputs of this batch would take {total / 2**30:.3g} GiB once loaded, over the "
             f"{GENERATED_LIMIT / 2**30:.3g} GiB limit; array {biggest!r}{shape} takes {sizes[biggest] / 2**30:.3g} GiB",
             str(f),
-            "pass smaller batches: one .npz file per batch",
+            f"pass smaller batches: {fmt.smaller}",
         )
 
 
@@ -600,28 +636,77 @@ def check_batches(path: str | Path, specs: list[InputSpec]) -> None:
     _refuse_sequences(path, specs)
     names = {s.name: s for s in specs}
     for f in _batch_files(path):
-        _check_headers(f, names)
+        if polygraphy_json.is_json(f):
+            _json_batches(f, names, load=False)
+        else:
+            _check_headers(f, names)
 
 
 def _refuse_sequences(path: str | Path, specs: list[InputSpec]) -> None:
-    """An .npz holds arrays only: a model with a sequence input cannot take its batches."""
+    """An .npz or a Polygraphy feed dict holds arrays only: a model with a sequence input cannot
+    take its batches."""
     sequences = [s.name for s in specs if s.sequence]
     if sequences:
+        holder = "a Polygraphy JSON input file" if polygraphy_json.is_json(path) else "an .npz archive"
         raise AutocastError(
-            f"input '{sequences[0]}' takes a sequence of tensors, which an .npz archive cannot hold",
+            f"input '{sequences[0]}' takes a sequence of tensors, which {holder} cannot hold",
             str(path),
             "leave the batches out: validation generates sequence inputs",
         )
 
 
+def _json_batches(f: Path, names: dict, load: bool) -> list[dict]:
+    """The batches of a Polygraphy JSON file, one per feed dict, checked as an .npz's are (names,
+    types, shapes, a fixed batch-1 axis stacking samples, the size limit) from the .npy headers
+    before any array is loaded; the arrays are loaded (cast to the inputs' types) only when `load`."""
+    batches: list[dict] = []
+    for k, feeds in enumerate(polygraphy_json.read_feed_dicts(f)):
+        missing = set(names) - set(feeds)
+        if missing:
+            held = ", ".join(sorted(feeds)) or "no arrays"
+            raise AutocastError(
+                f"missing input(s) {', '.join(sorted(missing))}; feed dict {k} holds {held}",
+                str(f),
+                "each feed dict needs one array per model input, named like the input",
+            )
+        arrays = {name: polygraphy_json.decode_array(feeds[name], name, k, str(f)) for name in names}
+        where = f"{f} (feed dict {k})"
+        stacked = _stacked_count({name: (a.shape, a.dtype) for name, a in arrays.items()}, names)
+        for name, a in arrays.items():
+            _check_array(name, (1, *a.shape[1:]) if stacked else a.shape, a.dtype, names[name], where, _JSON)
+        members = {name: _Member(len(a.npy), (a.shape, a.dtype), a.data_bytes) for name, a in arrays.items()}
+        _check_inflated_size(where, members, names, _JSON)
+        if load:
+            batch = {name: _typed(a.load(where), names[name]) for name, a in arrays.items()}
+            batches.extend(_split(batch, stacked))
+    return batches
+
+
+def _typed(array: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """`array` in the type of its input."""
+    want = helper.tensor_dtype_to_np_dtype(spec.elem_type)
+    return array if array.dtype == want else array.astype(want)
+
+
+def _split(batch: dict, stacked: int | None) -> list[dict]:
+    """A batch, or the `stacked` batches of one sample it holds along its first axis."""
+    if not stacked:
+        return [batch]
+    return [{k: v[row : row + 1] for k, v in batch.items()} for row in range(stacked)]
+
+
 def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
-    """Batches from one .npz file or a directory of them (sorted by name); every array is
-    checked (from its header) before any is loaded. An archive whose arrays stack N batches along
-    a fixed batch-1 axis (every input [1, ...], every array [N, ...]) gives N batches."""
+    """Batches from one .npz file, one Polygraphy JSON input file (one batch per feed dict) or a
+    folder of either (sorted by name); every array is checked (from its header) before any is
+    loaded. An archive or feed dict whose arrays stack N batches along a fixed batch-1 axis (every
+    input [1, ...], every array [N, ...]) gives N batches."""
     _refuse_sequences(path, specs)
     names = {s.name: s for s in specs}
     batches: list[dict] = []
     for f in _batch_files(path):
+        if polygraphy_json.is_json(f):
+            batches.extend(_json_batches(f, names, load=True))
+            continue
         stacked = _check_headers(f, names)
         try:
             with np.load(f, allow_pickle=False) as data:
@@ -633,23 +718,54 @@ def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
             if not isinstance(array, np.ndarray):
                 raise AutocastError(f"'{name}' is not an array", str(f), "write the archive with numpy.savez")
             _check_array(name, (1, *array.shape[1:]) if stacked else array.shape, array.dtype, spec, str(f))
-            want = helper.tensor_dtype_to_np_dtype(spec.elem_type)
-            if array.dtype != want:
-                batch[name] = array.astype(want)
-        if stacked:
-            batches.extend({k: batch[k][row : row + 1] for k in names} for row in range(stacked))
-        else:
-            batches.append({k: batch[k] for k in names})
+            batch[name] = _typed(array, spec)
+        batches.extend(_split(batch, stacked))
     return batches
+
+
+def load_arrays(path: str | Path) -> dict:
+    """Every array of one input file, by name, unchecked against a model's inputs (a training
+    step's data inputs): an .npz, whose size is checked before any array is inflated, or a
+    Polygraphy JSON input file holding one feed dict (a training step runs one batch)."""
+    f = Path(path)
+    if not polygraphy_json.is_json(f):
+        check_archive_size(f)
+        try:
+            with np.load(f, allow_pickle=False) as archive:
+                return {k: archive[k] for k in archive.files}
+        except Exception as exc:
+            raise AutocastError(f"cannot read .npz: {exc}", str(f), "write it with numpy.savez") from None
+    dicts = polygraphy_json.read_feed_dicts(f)
+    if len(dicts) > 1:
+        raise AutocastError(
+            f"holds {len(dicts)} feed dicts, and a training step runs one batch",
+            str(f),
+            "keep one feed dict in the file",
+        )
+    arrays = {name: polygraphy_json.decode_array(entry, name, 0, str(f)) for name, entry in dicts[0].items()}
+    where = f"{f} (feed dict 0)"
+    members = {name: _Member(len(a.npy), (a.shape, a.dtype), a.data_bytes) for name, a in arrays.items()}
+    _check_inflated_size(where, members, {}, _JSON)
+    return {name: a.load(where) for name, a in arrays.items()}
 
 
 def save_batch(path: str | Path, feeds: dict) -> None:
     """Write one batch as an .npz archive (--save-inputs), one array per input, named like it, so
     that --inputs replays it. An archive holds arrays only: a sequence input is refused."""
-    sequences = [name for name, value in feeds.items() if isinstance(value, SequenceFeed)]
+    save_batches(path, [feeds])
+
+
+def save_batches(path: str | Path, batches: list[dict]) -> None:
+    """Write --save-inputs: every batch as Polygraphy's JSON input file (a list of feed dicts,
+    which `polygraphy run --load-inputs` and --inputs read) when `path` ends in .json, else the
+    one batch as an .npz archive, one array per input named like it (validation's precheck holds
+    an .npz to one batch). Both hold arrays only: a sequence input is refused. Written atomically."""
+    json_file = polygraphy_json.is_json(path)
+    sequences = [name for feeds in batches for name, value in feeds.items() if isinstance(value, SequenceFeed)]
     if sequences:
+        holder = "a Polygraphy JSON input file" if json_file else "an .npz archive"
         raise AutocastError(
-            f"input '{sequences[0]}' takes a sequence of tensors, which an .npz archive cannot hold",
+            f"input '{sequences[0]}' takes a sequence of tensors, which {holder} cannot hold",
             "--save-inputs",
             "drop --save-inputs: the same --seed generates the same inputs again",
         )
@@ -660,8 +776,11 @@ def save_batch(path: str | Path, feeds: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
     try:
         with os.fdopen(fd, "wb") as fh:
-            arrays: dict = {name: np.asarray(value) for name, value in feeds.items()}
-            np.savez(fh, **arrays)
+            if json_file:
+                fh.write(polygraphy_json.encode(batches).encode())
+            else:
+                arrays: dict = {name: np.asarray(value) for name, value in batches[0].items()}
+                np.savez(fh, **arrays)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except OSError as exc:

@@ -30,8 +30,8 @@ def plan_on_data(
     progress=None,
     note=None,
 ) -> DataPlanning:
-    """Run the fp32 model on data before planning: `calibration_data` (an .npz file or a folder
-    of them) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
+    """Run the fp32 model on data before planning: `calibration_data` (an .npz or Polygraphy .json file, or a
+    folder of either) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
     nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
     or batches generated from its dims, ranges, seed and batch count), measured as validation
     measures them (its map thresholds; padded positions left out unless compare_padded). `plan_options` (a

@@ -156,7 +156,8 @@ def _compare(ref: np.ndarray, got: np.ndarray) -> dict:
 def validate_training_step(reference, converted, *, inputs=None, loss_scale: float = 2.0**16, seed: int = 0,
                            batch_size: int = 32, parameters: dict | None = None) -> dict:  # fmt: skip
     """One step of both training models on the same batch; see the module docstring. `inputs` is
-    an .npz file (or a dict of arrays) holding the data inputs (e.g. input and labels), else a
+    an .npz file, a Polygraphy JSON file of one feed dict (or a dict of arrays) holding the data
+    inputs (e.g. input and labels), else a
     batch is generated. `loss_scale` feeds the converted model's loss_scale input (when it has
     one). `parameters` (name -> array) replaces the checkpoint's values."""
     if not has_training_runtime():
@@ -195,11 +196,9 @@ def validate_training_step(reference, converted, *, inputs=None, loss_scale: flo
     if isinstance(inputs, dict):
         batch = dict(inputs)
     elif inputs is not None:
-        from .inputs import check_archive_size
+        from .inputs import load_arrays
 
-        check_archive_size(inputs)  # before any array is inflated
-        with np.load(inputs) as archive:
-            batch = {k: archive[k] for k in archive.files}
+        batch = load_arrays(inputs)  # an .npz or a Polygraphy JSON file; sizes checked before loading
     else:
         batch = _generated_batch(ref_loaded.model, ref_training, seed, batch_size)
 
