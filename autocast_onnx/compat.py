@@ -82,6 +82,7 @@ def convert_float_to_float16(
     force_fp16_inputs=None,
     use_bfloat16_as_blocked_nodes_dtype=False,
     use_bfloat16=False,
+    runtime=None,
 ) -> onnx.ModelProto:
     """onnxconverter-common's `convert_float_to_float16` (and ONNX Runtime's, with its extra
     keywords), planned and rewritten by autocast-onnx; returns the converted ModelProto and leaves
@@ -94,10 +95,13 @@ def convert_float_to_float16(
     checks the result with onnx.checker only, False adds ONNX shape inference to the check (the
     planning itself never needs it). check_fp16_ready: refuse a model that already holds float16
     or bfloat16 tensors. use_bfloat16: convert to bfloat16 instead (autocast-onnx's precision="bf16";
-    neither peer has it). The keywords after node_block_list are keyword-only: the peers put
-    different ones in that position. min_positive_val, max_finite_val (other than either peer's
-    default), force_fp16_initializers, force_fp16_inputs and use_bfloat16_as_blocked_nodes_dtype
-    ask for what the project does not do, and are refused (docs/migrating.md says why)."""
+    neither peer has it). runtime: "cuda", "dml" or "tensorrt" keeps fp32 the nodes that runtime has
+    no low-precision kernel for (autocast-onnx's --runtime; neither peer has it; None plans for any
+    runtime and warns when ONNX Runtime's CUDA provider would run some nodes on the CPU). The keywords
+    after node_block_list are keyword-only: the peers put different ones in that position.
+    min_positive_val, max_finite_val (other than either peer's default), force_fp16_initializers,
+    force_fp16_inputs and use_bfloat16_as_blocked_nodes_dtype ask for what the project does not do,
+    and are refused (docs/migrating.md says why)."""
     _refuse_unreproduced(
         min_positive_val=min_positive_val,
         max_finite_val=max_finite_val,
@@ -114,13 +118,14 @@ def convert_float_to_float16(
         **_io_options(source, keep_io_types),
         "exclude_ops": _block_ops(source, op_block_list),
         "exclude_nodes": _block_nodes(node_block_list),
+        "runtime": runtime,
     }
     check = "basic" if _flag(disable_shape_infer, "disable_shape_infer") else "full"
     return _converted(source, planning, check=check)
 
 
 def auto_convert_mixed_precision(
-    model, feed_dict, validate_fn=None, rtol=None, atol=None, keep_io_types=False
+    model, feed_dict, validate_fn=None, rtol=None, atol=None, keep_io_types=False, *, runtime=None
 ) -> onnx.ModelProto:
     """onnxconverter-common's `auto_convert_mixed_precision`, as autocast-onnx's accuracy search:
     the fewest nodes kept fp32 for the converted model to meet `rtol` and/or `atol` on the inputs
@@ -131,7 +136,7 @@ def auto_convert_mixed_precision(
     absolute error, both on every output (np.allclose's elementwise test would make every value
     near zero match to atol, which rtol alone sets to 1e-8 there). The outputs are measured with
     the low type's rounding emulated, as `autocast-onnx validate` measures on CPU. keep_io_types
-    as in convert_float_to_float16. validate_fn, a callback the search cannot judge by, is
+    and runtime as in convert_float_to_float16. validate_fn, a callback the search cannot judge by, is
     refused: state the criterion as rtol/atol, or call autocast_onnx.convert with target= for
     cosine or top-1 agreement."""
     from .api import convert
@@ -148,7 +153,7 @@ def auto_convert_mixed_precision(
     if not targets:
         raise AutocastError("no accuracy target given", "rtol", "pass rtol= and/or atol=, e.g. rtol=0.01")
     source = _model_of(model)
-    planning = {"precision": "fp16", **_io_options(source, keep_io_types)}
+    planning = {"precision": "fp16", **_io_options(source, keep_io_types), "runtime": runtime}
     with tempfile.TemporaryDirectory() as tmp:
         inputs = Path(tmp) / "feed_dict.npz"
         np.savez(inputs, **_feeds(feed_dict))

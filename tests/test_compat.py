@@ -228,6 +228,23 @@ def test_plan_warnings_reach_the_caller_as_python_warnings():
         convert_float_to_float16(load("vit_tiny"), node_block_list=["no_such_node"])
 
 
+def test_runtime_plans_for_the_cuda_kernels():
+    """The default rules pin BatchNormalization's parameters fp32 beside fp16 data, which ONNX Runtime's CUDA
+    kernel does not take: without runtime= the caller is warned, with runtime="cuda" those nodes stay fp32."""
+    with pytest.warns(CompatWarning, match="have no kernel in onnxruntime-cuda"):
+        plain = convert_float_to_float16(load("resnet_tiny"), keep_io_types=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompatWarning)
+        cuda = convert_float_to_float16(load("resnet_tiny"), keep_io_types=True, runtime="cuda")
+
+    def bn_types(m):
+        return {types(m)[n.input[0]] for n in m.graph.node if n.op_type == "BatchNormalization"}
+
+    assert bn_types(plain) == {F16} and bn_types(cuda) == {F32}
+    with pytest.raises(AutocastError, match="unknown runtime 'rocm'"):
+        convert_float_to_float16(load("resnet_tiny"), runtime="rocm")
+
+
 REFUSED = [
     ({"min_positive_val": 1e-4}, "min_positive_val", "clamp"),
     ({"max_finite_val": 100.0}, "max_finite_val", "clamp"),
@@ -265,8 +282,9 @@ def test_keywords_after_node_block_list_are_keyword_only_and_the_first_seven_are
     assert params["min_positive_val"].default == 1e-7 and params["max_finite_val"].default == 1e4
     assert params["keep_io_types"].default is False and params["check_fp16_ready"].default is True
     auto = inspect.signature(auto_convert_mixed_precision).parameters
-    assert list(auto) == ["model", "feed_dict", "validate_fn", "rtol", "atol", "keep_io_types"]
-    assert [auto[n].default for n in list(auto)[2:]] == [None, None, None, False]
+    assert list(auto) == ["model", "feed_dict", "validate_fn", "rtol", "atol", "keep_io_types", "runtime"]
+    assert [auto[n].default for n in list(auto)[2:]] == [None, None, None, False, None]
+    assert auto["runtime"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_one_import_switches_a_script_written_for_onnxconverter_common():
