@@ -436,7 +436,13 @@ def index_fingerprint(index: GraphIndex) -> str:
         )
         lines: list[str] = []  # hashed in chunks: one update per line costs more than the lines' text
         for node in scope.nodes:
-            sources = [_source_text(value, positions) for value in node.inputs]
+            sources = []
+            for value in node.inputs:  # the common case, a node's output, inline: this loop is the cost
+                producer = None if value is None else value.producer
+                if producer is not None:
+                    sources.append(f"{producer.id}.{value.out_port}:{value.dtype}")
+                else:
+                    sources.append(_source_text(value, positions))
             outs = ",".join(["-" if v is None else str(v.dtype) for v in node.outputs])
             lines.append(f"{node.id}|{node.name}|{node.authored_domain}|{node.op}|{','.join(sources)}|{outs}\n")
             if len(lines) >= 4096:
