@@ -82,15 +82,8 @@ def predictions(model: onnx.ModelProto) -> dict[str, tuple[str, str, str]]:
 def port_types(node, opset: int) -> dict[str, int]:
     """{type parameter: element type} of `node`'s typed ports, by its schema at `opset`."""
     sig = signatures.lookup(node.domain, node.op, opset)
-    if sig is None:
-        return {}
-    out: dict[str, int] = {}
-    for values, param_of in ((node.inputs, sig.input_param), (node.outputs, sig.output_param)):
-        for i, value in enumerate(values):
-            param = param_of(i)
-            if value is not None and value.dtype and param is not None:
-                out.setdefault(param, value.dtype)
-    return out
+    ports = ([None if v is None else v.dtype for v in values] for values in (node.inputs, node.outputs))
+    return sig.param_types(*ports) if sig is not None else {}
 
 
 def placements(model_bytes: bytes, feeds: dict, workdir: str) -> tuple[dict[str, str], Counter]:

@@ -252,14 +252,13 @@ def tie_rows(kernels: list[dict], ties: list) -> None:
                     row["tied"].append(group)
 
 
-def doc_rows(text: str) -> dict[tuple, list[str]]:
-    """(domain, op, since, until) -> types, from the CUDA section of OperatorKernels.md.
-
-    The types are those of the constraint named T where there is one (the data type of most ops), else the
-    union of all the row's constraints.
-    """
-    section = text.split("## Operators implemented by CUDAExecutionProvider", 1)[1].split("\n## ", 1)[0]
-    rows: dict[tuple, list[str]] = {}
+def doc_entries(text: str, provider: str, sequences: bool = True):
+    """(domain, op, version cell, {constraint: types}) of each kernel row of `provider`'s section of the
+    generated docs/OperatorKernels.md ("CUDAExecutionProvider", "DmlExecutionProvider"): the ONNX and contrib
+    domains only; a row without an op name continues the op above it. `sequences` False leaves out the element
+    types of seq(tensor(...)) constraints."""
+    tensor = re.compile(r"tensor\((\w+)\)" if sequences else r"(?<!seq\()tensor\((\w+)\)")
+    section = text.split(f"## Operators implemented by {provider}", 1)[1].split("\n## ", 1)[0]
     domain, op = None, None
     for line in section.splitlines():
         m = re.match(r"\|\*\*Operator Domain:\*\* \*([\w.]+)\*", line)
@@ -270,18 +269,27 @@ def doc_rows(text: str) -> dict[tuple, list[str]]:
         if domain is None or len(cells) < 5 or not re.match(r"\[?\d", cells[3].strip()):
             continue
         op = cells[1].strip() or op
-        ver = cells[3].strip()
+        constraints = {
+            c.group(1): set(tensor.findall(c.group(2))) for c in re.finditer(r"\*\*(\w+)\*\* = ([^*]*)", cells[4])
+        }
+        yield domain, op, cells[3].strip(), constraints
+
+
+def data_types(constraints: dict[str, set[str]]) -> list[str]:
+    """The types of the constraint named T where there is one (the data type of most ops), else the union."""
+    return sorted(constraints.get("T") or set().union(*constraints.values()))
+
+
+def doc_rows(text: str) -> dict[tuple, list[str]]:
+    """(domain, op, since, until) -> types, from the CUDA section of OperatorKernels.md (data_types)."""
+    rows: dict[tuple, list[str]] = {}
+    for domain, op, ver, constraints in doc_entries(text, "CUDAExecutionProvider"):
         vm = re.fullmatch(r"\[(\d+), (\d+)\]", ver)
         if vm:
             since, until = int(vm.group(1)), int(vm.group(2))
         else:  # "13+" is open-ended; a bare "13" is a kernel for that one opset
             since, until = int(ver.rstrip("+")), (None if ver.endswith("+") else int(ver))
-        constraints = {
-            m.group(1): set(re.findall(r"tensor\((\w+)\)", m.group(2)))
-            for m in re.finditer(r"\*\*(\w+)\*\* = ([^*]*)", cells[4])
-        }
-        chosen = constraints.get("T") or set().union(*constraints.values())
-        rows[(domain, op, since, until)] = sorted(chosen)
+        rows[(domain, op, since, until)] = data_types(constraints)
     return rows
 
 

@@ -43,6 +43,8 @@ import re
 import subprocess
 import sys
 
+from kernel_tables import data_types, doc_entries  # the same docs table format as the CUDA section
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TABLE = ROOT / "autocast_onnx" / "data" / "kernels_dml.json"
 OPS_DIR = "onnxruntime/core/providers/dml/DmlExecutionProvider/src/Operators/"
@@ -202,26 +204,13 @@ def side_rows(git_dir: str, commit: str, reg: str) -> list[dict]:
 
 
 def doc_rows(text: str) -> dict[tuple, list[str]]:
-    """(domain, op, since) -> types, from the DML section of OperatorKernels.md (constraint T, else the union)."""
-    section = text.split("## Operators implemented by DmlExecutionProvider", 1)[1].split("\n## ", 1)[0]
-    rows: dict[tuple, list[str]] = {}
-    domain, op = None, None
-    for line in section.splitlines():
-        m = re.match(r"\|\*\*Operator Domain:\*\* \*([\w.]+)\*", line)
-        if m:
-            domain = {"ai.onnx": "", "com.microsoft": "com.microsoft"}.get(m.group(1))
-            continue
-        cells = line.split("|")
-        if domain is None or len(cells) < 5 or not re.fullmatch(r"\d+\+", cells[3].strip()):
-            continue
-        op = cells[1].strip() or op
-        constraints = {
-            c.group(1): set(re.findall(r"(?<!seq\()tensor\((\w+)\)", c.group(2)))
-            for c in re.finditer(r"\*\*(\w+)\*\* = ([^*]*)", cells[4])
-        }
-        picked = constraints.get("T") or set().union(*constraints.values())
-        rows[(domain, op, int(cells[3].strip().rstrip("+")))] = sorted(picked)
-    return rows
+    """(domain, op, since) -> types, from the DML section of OperatorKernels.md (constraint T, else the union).
+    DML registrations have a start version only: rows read "N+"."""
+    return {
+        (domain, op, int(ver.rstrip("+"))): data_types(constraints)
+        for domain, op, ver, constraints in doc_entries(text, "DmlExecutionProvider", sequences=False)
+        if re.fullmatch(r"\d+\+", ver)
+    }
 
 
 def schema_versions(op: str, max_opset: int) -> list[int]:

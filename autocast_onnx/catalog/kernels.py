@@ -12,10 +12,11 @@ import json
 from functools import cache
 from pathlib import Path
 
-import onnx
 from onnx import TensorProto
 
+from ..dtypes import dtype_name
 from ..errors import AutocastError
+from ..graph import signatures
 from .loader import normalize_domain
 
 RUNTIMES = ("cuda", "tensorrt", "dml")
@@ -69,25 +70,39 @@ def runtime_label(runtime: str) -> str:
 
 
 def no_kernel_message(runtime: str, op: str, opset: int, target: str) -> str:
-    """Why a node of `op` stays fp32 for `runtime`: the sentence the plan and `explain` show."""
+    """Why a node of `op` in `target` has no kernel in `runtime`: the sentence the plan, `explain` and lint show."""
     if runtime == "tensorrt":
-        return f"{runtime_label(runtime)} does not support {target} for {op} (opset {opset}); the node stays fp32"
+        return (
+            f"{runtime_label(runtime)} does not support {target} for {op} (opset {opset}): a strongly typed engine "
+            "build fails on this layer"
+        )
     return (
         f"no {target} kernel for {op} in {runtime_label(runtime)} (opset {opset}): "
         "it would run on the CPU provider with copies around it"
     )
 
 
+def missing_kernel(
+    runtime: str, domain: str, op: str, opset: int, low_types, param_types: dict[str, int]
+) -> str | None:
+    """Why `runtime` cannot run a node of `op` whose fp16/bf16 types are `low_types` and whose type parameters
+    take `param_types` (Signature.param_types): no kernel for one of the types (has_kernel False), or a tie the
+    types split (split_tie); None where it can, or the table cannot tell. The planner asks it of the types a plan
+    would give a node, lint of the types a model has."""
+    for elem_type in low_types:
+        if has_kernel(runtime, domain, op, opset, elem_type) is False:
+            return no_kernel_message(runtime, op, opset, dtype_name(elem_type))
+    group = split_tie(runtime, domain, op, opset, param_types) if low_types else None
+    return split_tie_message(runtime, op, opset, group, param_types) if group else None
+
+
 def node_version(domain: str, op: str, opset: int) -> int:
     """The version ONNX Runtime matches kernels against: the since-version of `op`'s schema at the model's
     `opset` for the ONNX domains (Conv at opset 17 is Conv-11), the opset itself for others."""
-    domain = normalize_domain(domain)
-    if domain not in ("", "ai.onnx.ml"):
+    if normalize_domain(domain) not in ("", "ai.onnx.ml"):
         return opset
-    try:
-        return onnx.defs.get_schema(op, opset, domain).since_version
-    except onnx.defs.SchemaError:
-        return opset
+    sig = signatures.lookup(domain, op, opset)
+    return sig.since_version if sig is not None else opset
 
 
 def _covering_row(runtime: str, domain: str, op: str, opset: int) -> dict | None:

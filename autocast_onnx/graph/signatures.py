@@ -49,6 +49,17 @@ class Signature:
             return self.outputs[i]
         return self.outputs[-1] if self.output_variadic and self.outputs else None
 
+    def param_types(self, in_types, out_types) -> dict[str, int]:
+        """{type parameter: element type} for a node whose ports hold `in_types` and `out_types` (None where a
+        port is absent or its type is not known); the first port of a parameter gives its type."""
+        out: dict[str, int] = {}
+        for types, param_of in ((in_types, self.input_param), (out_types, self.output_param)):
+            for i, elem in enumerate(types):
+                param = param_of(i)
+                if elem and param is not None:
+                    out.setdefault(param, elem)
+        return out
+
     def allowed(self, param: str | None) -> frozenset | None:
         """Element types a port with this param admits (None if unknown)."""
         if param is None:

@@ -705,43 +705,18 @@ def runtime_kernel(ctx, check):
     runtime = getattr(ctx.plan_options, "runtime", None)
     if runtime in (None, "any"):
         return
+    from ..catalog.kernels import missing_kernel
+
     for node in ctx.index.nodes:
         opset = ctx.index.opset(node.domain)
         if not opset:
             continue
         types = sorted({v.dtype for v in list(node.inputs) + list(node.outputs) if v is not None and v.dtype in LOW})
-        why = _missing_kernel(runtime, node, opset, types)
+        sig = signatures.lookup(node.domain, node.op, opset) if types else None
+        port_types = ([None if v is None else v.dtype for v in values] for values in (node.inputs, node.outputs))
+        why = missing_kernel(runtime, node.domain, node.op, opset, types, sig.param_types(*port_types) if sig else {})
         if why is not None:
             yield ctx.diag(check, node, why, judged=False)  # the report names the node already
-
-
-def _missing_kernel(runtime: str, node, opset: int, types: list[int]) -> str | None:
-    """Why `runtime` has no kernel for `node`, whose low-precision types are `types`, or None."""
-    from ..catalog.kernels import has_kernel, no_kernel_message, runtime_label, split_tie, split_tie_message
-
-    for elem_type in types:
-        if has_kernel(runtime, node.domain, node.op, opset, elem_type) is not False:
-            continue
-        name = dtype_name(elem_type)
-        if runtime == "tensorrt":
-            return (
-                f"{runtime_label(runtime)} does not support {name} for {node.op} (opset {opset}): a strongly "
-                "typed engine build fails on this layer"
-            )
-        return no_kernel_message(runtime, node.op, opset, name)
-    if not types:
-        return None
-    sig = signatures.lookup(node.domain, node.op, opset)
-    if sig is None:
-        return None
-    param_types: dict[str, int] = {}
-    for values, param_of in ((node.inputs, sig.input_param), (node.outputs, sig.output_param)):
-        for i, value in enumerate(values):
-            param = param_of(i)
-            if value is not None and value.dtype and param is not None:
-                param_types.setdefault(param, value.dtype)
-    group = split_tie(runtime, node.domain, node.op, opset, param_types)
-    return split_tie_message(runtime, node.op, opset, group, param_types) if group else None
 
 
 def unused_suppression(ctx, check):

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from ..catalog import RuleSet
-from ..catalog.kernels import has_kernel, no_kernel_message, runtime_label, split_tie, split_tie_message
+from ..catalog.kernels import missing_kernel, runtime_label
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_float, dtype_name, to_half
 from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR, GraphIndex, Value, signatures
@@ -514,7 +514,7 @@ def _apply_runtime_kernels(index: GraphIndex, planned, runtime: str, target: Pre
             continue
         key = (node.domain, node.op, result.roles_in[node.id], result.roles_out[node.id])
         if key not in answers:
-            answers[key] = _missing_kernel(index, node, runtime, elem_type, target.value, key[2:])
+            answers[key] = _missing_kernel(index, node, runtime, elem_type, key[2:])
         message = answers[key]
         if message is None:
             continue
@@ -586,7 +586,7 @@ def warn_cuda_fallbacks(index: GraphIndex, plan) -> None:
             continue
         key = (node.domain, node.op, plan.roles_in[node.id], plan.roles_out[node.id])
         if key not in answers:
-            answers[key] = _missing_kernel(index, node, "cuda", elem_type, target.value, key[2:])
+            answers[key] = _missing_kernel(index, node, "cuda", elem_type, key[2:])
         if answers[key] is not None:
             ops[node.op] = ops.get(node.op, 0) + 1
     if ops:
@@ -601,27 +601,16 @@ def warn_cuda_fallbacks(index: GraphIndex, plan) -> None:
         )
 
 
-def _missing_kernel(index: GraphIndex, node, runtime: str, elem_type: int, target: str, roles) -> str | None:
-    """Why `runtime` has no kernel for `node` planned low (its ports' roles `roles`: inputs, outputs), or None."""
+def _missing_kernel(index: GraphIndex, node, runtime: str, elem_type: int, roles) -> str | None:
+    """Why `runtime` cannot run `node` planned in `elem_type` (its ports' roles `roles`: inputs, outputs), or None:
+    the follow ports take the low type, the fp32 ones (pins) float."""
     opset = index.opset(node.domain)
     if not opset:
         return None
-    if has_kernel(runtime, node.domain, node.op, opset, elem_type) is False:
-        return no_kernel_message(runtime, node.op, opset, target)
     sig = signatures.lookup(node.domain, node.op, opset)
-    if sig is None:
-        return None
     planned = {_FOLLOW: elem_type, _FP32: FLOAT}
-    param_types: dict[str, int] = {}
-    for ports, param_of in ((roles[0], sig.input_param), (roles[1], sig.output_param)):
-        for i, role in enumerate(ports):
-            param = param_of(i)
-            if param is not None and role in planned:
-                param_types.setdefault(param, planned[role])
-                if param_types[param] != planned[role]:
-                    param_types[param] = -1  # one parameter given two types: the schema refuses it elsewhere
-    group = split_tie(runtime, node.domain, node.op, opset, param_types)
-    return split_tie_message(runtime, node.op, opset, group, param_types) if group else None
+    param_types = sig.param_types(*([planned.get(r) for r in ports] for ports in roles)) if sig else {}
+    return missing_kernel(runtime, node.domain, node.op, opset, [elem_type], param_types)
 
 
 def _warn_unmatched(selections: _Selections, used: set, result: Classification) -> None:

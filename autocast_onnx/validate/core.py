@@ -21,7 +21,15 @@ from ..graph.sanity import load_checked
 from . import generation, runner
 from .emulate import emulation_model, session_as_is
 from .fusion import has_qdq, output_step_notes, quantized_report
-from .inputs import describe_batch, describe_inputs, generate, load_batches, plan_inputs, save_batches
+from .inputs import (
+    describe_batch,
+    describe_inputs,
+    generate,
+    load_batches,
+    plan_inputs,
+    refuse_saving_sequences,
+    save_batches,
+)
 from .masks import Padding
 from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, verdict
 from .polygraphy_json import is_json
@@ -207,14 +215,7 @@ def check_save_inputs(specs: list, options: ValidateOptions) -> None:
             "save every batch to a Polygraphy input file, --save-inputs FILE.json, or one at a time: batch k of "
             "--seed S is --batches 1 --seed S+k",
         )
-    sequences = [s.name for s in specs if s.sequence]
-    if sequences:
-        holder = "a Polygraphy JSON input file" if json_file else "an .npz archive"
-        raise AutocastError(
-            f"input '{sequences[0]}' takes a sequence of tensors, which {holder} cannot hold",
-            "--save-inputs",
-            "drop --save-inputs: the same --seed generates the same inputs again",
-        )
+    refuse_saving_sequences([s.name for s in specs if s.sequence], options.save_inputs)
 
 
 def _given_batches(specs, plan, options: ValidateOptions) -> list:

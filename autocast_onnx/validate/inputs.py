@@ -755,20 +755,26 @@ def save_batch(path: str | Path, feeds: dict) -> None:
     save_batches(path, [feeds])
 
 
+def refuse_saving_sequences(names: list[str], path: str | Path) -> None:
+    """--save-inputs cannot write a sequence input (`names`: those the batch has): both files hold arrays only."""
+    if names:
+        holder = "a Polygraphy JSON input file" if polygraphy_json.is_json(path) else "an .npz archive"
+        raise AutocastError(
+            f"input '{names[0]}' takes a sequence of tensors, which {holder} cannot hold",
+            "--save-inputs",
+            "drop --save-inputs: the same --seed generates the same inputs again",
+        )
+
+
 def save_batches(path: str | Path, batches: list[dict]) -> None:
     """Write --save-inputs: every batch as Polygraphy's JSON input file (a list of feed dicts,
     which `polygraphy run --load-inputs` and --inputs read) when `path` ends in .json, else the
     one batch as an .npz archive, one array per input named like it (validation's precheck holds
     an .npz to one batch). Both hold arrays only: a sequence input is refused. Written atomically."""
     json_file = polygraphy_json.is_json(path)
-    sequences = [name for feeds in batches for name, value in feeds.items() if isinstance(value, SequenceFeed)]
-    if sequences:
-        holder = "a Polygraphy JSON input file" if json_file else "an .npz archive"
-        raise AutocastError(
-            f"input '{sequences[0]}' takes a sequence of tensors, which {holder} cannot hold",
-            "--save-inputs",
-            "drop --save-inputs: the same --seed generates the same inputs again",
-        )
+    refuse_saving_sequences(
+        [name for feeds in batches for name, value in feeds.items() if isinstance(value, SequenceFeed)], path
+    )
     import os
     import tempfile
 
