@@ -15,6 +15,21 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def printable_lines(lines) -> str:
+    """Lines of a text report joined by newlines, each through one_line: a name from a model, a
+    path or a metadata value that holds a newline, a carriage return or a terminal escape stays
+    inside its own line, so it can neither forge a line of its own (a CI annotation such as
+    `::error file=...::`) nor move, clear or retitle the terminal."""
+    return "\n".join(one_line(line) for line in lines)
+
+
+def printable_text(text: str) -> str:
+    """`text` with its newlines kept and every other character that is not printable escaped
+    (one_line per line): the last guard of the command line's output, for text that another
+    stage has laid out in lines already."""
+    return text if text.isprintable() else printable_lines(text.split("\n"))
+
+
 class AutocastError(Exception):
     """Bad input from the user: a model, a rule file, a path or an option.
 

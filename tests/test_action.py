@@ -161,9 +161,30 @@ def run_step(action, tmp_path: Path, **inputs: str) -> tuple[subprocess.Complete
     result = subprocess.run(
         ["bash", "-c", command], env=action_env(tmp_path, **inputs), cwd=ROOT, capture_output=True, text=True
     )
-    out = tmp_path / "github_output"
-    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines()) if out.is_file() else {}
-    return result, outputs
+    return result, step_outputs(tmp_path / "github_output")
+
+
+def step_outputs(path: Path) -> dict[str, str]:
+    """The step outputs in `path` as the runner reads $GITHUB_OUTPUT: `key=value` lines and
+    `key<<DELIMITER` blocks, the last value of a key winning."""
+    if not path.is_file():
+        return {}
+    lines = path.read_bytes().decode("utf-8", "surrogateescape").split("\n")
+    outputs, k = {}, 0
+    while k < len(lines):
+        line = lines[k]
+        k += 1
+        if not line:
+            continue
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            key, delimiter = line.split("<<", 1)
+            end = lines.index(delimiter, k)
+            outputs[key] = "\n".join(lines[k:end])
+            k = end + 1
+        else:
+            key, value = line.split("=", 1)
+            outputs[key] = value
+    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -384,3 +405,207 @@ def test_lint_findings_keep_their_data_through_the_script(tmp_path):
         [sys.executable, str(SCRIPT), "run"], env=action_env(tmp_path, **run_inputs), cwd=ROOT, capture_output=True
     )
     assert json.loads((tmp_path / "via.sarif").read_text()) == json.loads(direct.stdout)
+
+
+# ---- hostile inputs (issue 36, defects 1 and 8) ---------------------------------------------------
+
+
+def runner_commands(log: str) -> list[str]:
+    """The workflow commands the runner would act on in a step's log (stdout and stderr as one
+    stream): every line that starts with `::`, except while `::stop-commands::TOKEN` holds, up
+    to its `::TOKEN::`. The runner's own markers are left out."""
+    commands, stopped = [], None
+    for line in log.split("\n"):
+        text = line.lstrip()
+        if stopped is not None:
+            if text == f"::{stopped}::":
+                stopped = None
+            continue
+        if text.startswith("::stop-commands::"):
+            stopped = text[len("::stop-commands::") :]
+        elif text.startswith("::"):
+            commands.append(text)
+    return commands
+
+
+FORGED = "x\n::error file=forged.onnx,line=1::forged\n::set-output name=exit-code::0\r\x1b]0;pwned\x07\x1b[2J"
+
+
+@pytest.mark.parametrize("name", ["sarif", "report-json"])
+def test_a_newline_in_an_output_path_cannot_turn_a_failed_gate_green(action, tmp_path, name):
+    """Minimal reproduction: `sarif: "out\\nexit-code=0"` wrote a second exit-code line to
+    $GITHUB_OUTPUT, which the runner takes (the last wins), so a failed gate read as 0."""
+    hostile = str(tmp_path / "out") + "\nexit-code=0"
+    result, outputs = run_step(action, tmp_path, models=RESNET, args="--rtol 1e-9", **{name: hostile})
+    assert outputs["exit-code"] == "1", result.stdout + result.stderr
+    assert outputs[name] == hostile and Path(hostile).is_file()
+    verdict = step(action, "Fail on the gate")
+    gate = subprocess.run(["bash", "-c", verdict["run"]], env={**os.environ, "EXIT_CODE": outputs["exit-code"]})
+    assert gate.returncode == 1
+
+
+@pytest.mark.parametrize("name", ["sarif", "report-json"])
+def test_a_carriage_return_in_an_output_path_is_refused(action, tmp_path, name):
+    result, outputs = run_step(action, tmp_path, models=RESNET, **{name: str(tmp_path / "out\r.json")})
+    assert outputs == {"exit-code": "2", "sarif": "", "report-json": ""}
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"autocast-onnx: error: {name}: ") and "carriage return" in line
+    assert not list(tmp_path.glob("out*"))
+
+
+@pytest.mark.parametrize("code", ["0\nexit-code=0", "1 ", "-9", "137", "x"])
+def test_the_verdict_step_refuses_a_code_autocast_onnx_does_not_give(action, code):
+    verdict = step(action, "Fail on the gate")
+    result = subprocess.run(["bash", "-c", verdict["run"]], env={**os.environ, "EXIT_CODE": code}, capture_output=True)
+    assert result.returncode == 2 and b"::error::" in result.stdout
+
+
+KILLER = """import os, signal, sys
+if sys.argv[1:2] == [os.environ["KILL_COMMAND"]] and any("KILLME" in a for a in sys.argv):
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def killing_env(tmp_path: Path, command: str) -> dict[str, str]:
+    """A sitecustomize that kills (SIGKILL, as the OOM killer does) any `python -m autocast_onnx
+    COMMAND` run whose arguments name a file with KILLME in it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILLER)
+    return {"PYTHONPATH": str(hook), "KILL_COMMAND": command}
+
+
+def test_a_check_killed_by_a_signal_fails_the_gate(action, tmp_path, monkeypatch):
+    """Minimal reproduction: a check killed by SIGKILL (returncode -9) beside a passing one gave
+    max(-9, 0) = 0, a passing verdict."""
+    killed = tmp_path / "KILLME.onnx"
+    killed.write_bytes((ROOT / RESNET).read_bytes())
+    for key, value in killing_env(tmp_path, "check").items():
+        monkeypatch.setenv(key, value)
+    result, outputs = run_step(action, tmp_path, models=f"{killed} {RESNET}", args="--no-validate")
+    assert outputs["exit-code"] == "3", result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["exit_code"] == 3
+    first, second = report["models"]
+    assert (first["exit_code"], first["report"], first["ended"]) == (-9, None, "killed by signal 9 (SIGKILL)")
+    assert second["exit_code"] == 0 and second["report"]["gate"]["passed"] is True
+    assert f"::error::autocast-onnx check of {killed} did not end normally: killed by signal 9" in result.stderr
+
+
+def test_a_lint_killed_by_a_signal_fails_the_gate(action, tmp_path, monkeypatch):
+    killed = tmp_path / "KILLME.onnx"
+    killed.write_bytes((ROOT / RESNET).read_bytes())
+    for key, value in killing_env(tmp_path, "lint").items():
+        monkeypatch.setenv(key, value)
+    result, outputs = run_step(action, tmp_path, models=str(killed), command="lint")
+    assert outputs == {"exit-code": "3", "sarif": "", "report-json": ""}, result.stdout + result.stderr
+    assert "did not end normally: killed by signal 9 (SIGKILL)" in result.stderr
+
+
+def test_names_from_models_and_paths_cannot_forge_commands_or_reach_the_terminal(action, tmp_path):
+    """Minimal reproduction: a model file name holding a newline and `::error file=...::` (or
+    `::set-output`) was echoed raw into the job's log, where the runner took it for a command, and
+    terminal escapes reached the log as they were. The step runs as in Actions (GITHUB_ACTIONS)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    hostile = models / f"m{FORGED}.onnx"
+    hostile.write_bytes((ROOT / RESNET).read_bytes())
+    env = action_env(tmp_path, models=f"{models}/*.onnx", args="--no-validate") | {"GITHUB_ACTIONS": "true"}
+    command = step(action, "autocast-onnx ${{ inputs.command }}")["run"]
+    result = subprocess.run(
+        ["bash", "-c", command], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    log = result.stdout.decode("utf-8", "surrogateescape")
+    assert step_outputs(tmp_path / "github_output")["exit-code"] == "0", log
+    assert runner_commands(log) == [], log
+    for raw in ("\r", "\x1b", "\x07"):
+        assert raw not in log
+    assert "m" + FORGED.encode("unicode_escape").decode() in log, "the name is shown, escaped"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["model"] for m in report["models"]] == [str(hostile)]
+
+
+def test_a_hostile_name_in_the_actions_own_warning_stays_one_annotation(tmp_path, capsys):
+    script = load_script()
+    script.annotation("warning", f"models: {FORGED} is y (through a link); checked once")
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("::warning::models: x\\n::error") and "%" not in line.replace("%0A", "")
+
+
+# ---- globs without links --------------------------------------------------------------------------
+
+
+def tree(root: Path, files: list[str]) -> None:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"")
+
+
+GLOB_PATTERNS = [
+    "**/*.onnx",
+    "models/**/*.onnx",
+    "models/**",
+    "models/**/",
+    "**/",
+    "**",
+    "m*/**/b/*.onnx",
+    "*/**/*.onnx",
+    "models/**/a/**/*.onnx",
+    "models/*/*.onnx",
+    "**/x/*.onnx",
+    "nothing/**/*.onnx",
+    "models/m.onnx",
+]
+
+
+@pytest.mark.parametrize("pattern", GLOB_PATTERNS)
+@pytest.mark.parametrize("absolute", [False, True])
+def test_expand_glob_matches_glob_where_there_is_no_link(tmp_path, monkeypatch, pattern, absolute):
+    tree(tmp_path, ["models/m.onnx", "models/a/n.onnx", "models/a/b/o.onnx", "models/.hid/h.onnx"])
+    tree(tmp_path, ["models/a/.q.onnx", "other/x/p.onnx", "top.onnx", "models/a/b/notes.txt"])
+    monkeypatch.chdir(tmp_path)
+    pattern = f"{tmp_path}/{pattern}" if absolute else pattern
+    import glob
+
+    assert sorted(load_script().expand_glob(pattern)) == sorted(glob.glob(pattern, recursive=True))
+
+
+def test_a_link_loop_under_a_glob_checks_each_model_once(action, tmp_path):
+    """Minimal reproduction: one link back up (models/a/loop -> ..) under models/**/*.onnx gave
+    the one model 41 times; glob follows links to folders while expanding **."""
+    bad = fp16_softmax(tmp_path / "models" / "a" / "bad.onnx")
+    (tmp_path / "models" / "a" / "loop").symlink_to("..")
+    result, outputs = run_step(action, tmp_path, models=f"{tmp_path}/models/**/*.onnx", command="lint")
+    assert outputs["exit-code"] == "1", result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["path"] for m in report["models"]] == [str(bad)]
+
+
+def test_two_link_loops_under_a_glob_end(action, tmp_path):
+    """Minimal reproduction: two links back up made glob's expansion of ** exponential: it never
+    ended."""
+    bad = fp16_softmax(tmp_path / "models" / "a" / "bad.onnx")
+    (tmp_path / "models" / "a" / "up").symlink_to("..")
+    (tmp_path / "models" / "a" / "top").symlink_to("../..")
+    command = step(action, "autocast-onnx ${{ inputs.command }}")["run"]
+    env = action_env(tmp_path, models=f"{tmp_path}/models/**/*.onnx", command="lint")
+    subprocess.run(["bash", "-c", command], env=env, cwd=ROOT, capture_output=True, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["path"] for m in report["models"]] == [str(bad)]
+
+
+def test_a_model_reached_twice_is_checked_once_with_a_warning(action, tmp_path):
+    bad = fp16_softmax(tmp_path / "models" / "bad.onnx")
+    (tmp_path / "models" / "same.onnx").symlink_to("bad.onnx")
+    result, _ = run_step(action, tmp_path, models=f"{tmp_path}/models/*.onnx {bad}", command="lint")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["path"] for m in report["models"]] == [str(bad)]
+    assert f"::warning::models: {tmp_path}/models/same.onnx is {bad} (through a link); checked once" in result.stderr
+
+
+def test_check_over_a_folder_does_not_follow_a_link_loop(action, tmp_path):
+    bad = fp16_softmax(tmp_path / "models" / "a" / "bad.onnx")
+    (tmp_path / "models" / "a" / "loop").symlink_to("..")
+    result, _ = run_step(action, tmp_path, models=str(tmp_path / "models"), args="--no-validate")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["model"] for m in report["models"]] == [str(bad)], result.stdout + result.stderr

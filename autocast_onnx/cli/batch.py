@@ -28,7 +28,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutocastError, one_line
+from ..errors import AutocastError, one_line, printable_lines
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_HINT = "this is a bug in autocast-onnx; rerun with AUTOCAST_ONNX_DEBUG=1 for a traceback and please report it"
@@ -474,12 +474,12 @@ def convert_table(jobs: Sequence[ConvertJob], outcomes: Sequence[Outcome], secon
     for job, outcome in zip(jobs, outcomes, strict=True):
         row = outcome.value
         if row is None:
-            rows.append((str(job.model), "-", "-", "-", "-", outcome.status))
+            rows.append((one_line(str(job.model)), "-", "-", "-", "-", outcome.status))
             continue
         status = outcome.status + (f" ({row.notes} note{'s' if row.notes != 1 else ''})" if row.notes else "")
         rows.append(
             (
-                row.model,
+                one_line(row.model),
                 f"{row.low}/{row.fp32}",
                 str(row.casts),
                 f"{_size(row.bytes_before)} -> {_size(row.bytes_after)}",
@@ -502,7 +502,7 @@ def convert_table(jobs: Sequence[ConvertJob], outcomes: Sequence[Outcome], secon
             lines.append(f"{row.model}: validation failed: {row.failure}")
     if any(o.value is not None and o.value.notes for o in outcomes):
         lines.append("notes: convert a model on its own (or add -v) to read its plan's notes")
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def interactive() -> bool:

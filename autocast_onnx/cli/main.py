@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from ..errors import AutocastError, InternalCheckError, one_line
+from ..errors import AutocastError, InternalCheckError, one_line, printable_text
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_HINT = "this is a bug in autocast-onnx; rerun with AUTOCAST_ONNX_DEBUG=1 for a traceback and please report it"
@@ -31,6 +31,14 @@ def _say(kind: str, message: str) -> None:
     control character in the message (a name from a model, a rule file or a path) is escaped,
     so it can neither split the line nor forge another."""
     click.echo(f"autocast-onnx: {kind}: {one_line(message)}", err=True)
+
+
+def _echo(text: str = "", err: bool = False, nl: bool = True) -> None:
+    """click.echo for the commands' text: every control character but the line breaks escaped
+    (printable_text), so that a name from a model or a path can neither move, clear or retitle
+    the terminal nor, in a CI log, hide in a carriage return. The text reports escape each name
+    where they place it (printable_lines); this is the guard behind them."""
+    click.echo(printable_text(text), err=err, nl=nl)
 
 
 def _fail(message: str, code: int) -> None:
@@ -520,7 +528,7 @@ def _progress(label, total):
             took = time.perf_counter() - start
             if took >= LONG_STAGE_S:  # quick stages stay quiet; stderr then holds only errors
                 steps = f" ({self.done} of {total})" if total >= 2 and self.done != total else ""
-                click.echo(f"{label}{steps}: done in {took:.1f} s", err=True)
+                _echo(f"{label}{steps}: done in {took:.1f} s", err=True)
 
     return _Line()
 
@@ -634,7 +642,7 @@ def version_text() -> str:
 
 def _print_version(ctx, param, value) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(version_text())
+        _echo(version_text())
         ctx.exit()
 
 
@@ -816,7 +824,7 @@ class _ConvertCall:
     def echo(self, text: str = "") -> None:
         """Print a line of the human-readable text (stderr when stdout holds a report), unless -q."""
         if not self.quiet:
-            click.echo(text, err=self.to_stderr)
+            _echo(text, err=self.to_stderr)
 
 
 def _convert_body(call: _ConvertCall, written) -> bool:
@@ -954,7 +962,7 @@ def _plan_on_data(call: _ConvertCall, plan, options, goal):
         targets=call.targets if goal else (),
         validation=options,
         progress=None if call.quiet else _progress,
-        note=None if call.quiet or sys.stderr.isatty() else lambda text: click.echo(text, err=True),
+        note=None if call.quiet or sys.stderr.isatty() else lambda text: _echo(text, err=True),
     )
     if measured.search_log is not None:
         call.echo(_search_log_line(measured.search_log))
@@ -1228,14 +1236,14 @@ def emulate(model, output, quiet, verbose) -> None:
             for name, entry in done["files"].items():
                 if entry.get("action") == "emulated":
                     count = entry["low_precision_tensors"]
-                    click.echo(f"{name}: {count} low-precision tensors emulated")
+                    _echo(one_line(f"{name}: {count} low-precision tensors emulated"))
                     if not count:
                         _say(
                             "warning",
                             f"{name} has no fp16/bf16 tensor: its emulation computes "
                             "exactly what it computes (pass a converted model)",
                         )
-            click.echo(f"written to {done['output']}")
+            _echo(one_line(f"written to {done['output']}"))
         return True
 
     run_guarded(body, doing="emulating", subject=model)
@@ -1274,7 +1282,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
 
         def echo(text=""):
             if not quiet:
-                click.echo(text, err=_to_stdout(report_json))
+                _echo(text, err=_to_stdout(report_json))
 
         return _training_step(reference, converted, options, echo, report_json)
 
@@ -1297,7 +1305,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
         written.track(report_json, report_html)
         report = run_validation(reference, converted, options, progress=None if quiet else _progress)
         if not quiet:
-            click.echo(validation_text(report), err=_to_stdout(report_json, report_html))
+            _echo(validation_text(report), err=_to_stdout(report_json, report_html))
         _write_validation_reports(report, report_json, report_html)
         return report["passed"]
 
@@ -1360,7 +1368,7 @@ def diagnose(ctx, reference, converted, inputs, dims, ranges, seed, plan_file, t
             top=top,
         )
         if not quiet:
-            click.echo(report.text(), err=_to_stdout(report_json, report_html))
+            _echo(report.text(), err=_to_stdout(report_json, report_html))
         if report_json is not None:
             _write_or_echo(json.dumps(report.to_dict(), indent=1), report_json)
         if report_html is not None:
@@ -1635,9 +1643,9 @@ def rules_cmd(codes, fmt) -> None:
                 )
             checks = selected(checks, codes, ())
         if fmt == "markdown":
-            click.echo(rules_markdown(checks if codes else None), nl=False)
+            _echo(rules_markdown(checks if codes else None), nl=False)
         elif fmt == "json":
-            click.echo(
+            _echo(
                 _json.dumps(
                     [
                         {
@@ -1655,9 +1663,9 @@ def rules_cmd(codes, fmt) -> None:
                 )
             )
         elif codes:
-            click.echo("\n\n".join(rule_text(c) for c in checks))
+            _echo("\n\n".join(rule_text(c) for c in checks))
         else:
-            click.echo(rules_text())
+            _echo(rules_text())
 
     run_guarded(body, doing="listing the lint checks")
 
@@ -1743,11 +1751,11 @@ def explain(model, node, op_type, plan_file, calibration_data, config, verbose, 
         index: Any = planned.index  # a GraphIndex: the model as planned (its metadata as read)
         found = read(index.model)
         if found is not None:  # a converted model says how it was made
-            click.echo(describe(model, found))
+            _echo(describe(model, found))
         if len(entries) > 1:
-            click.echo(f"{len(entries)} nodes match")
+            _echo(f"{len(entries)} nodes match")
         for entry in entries:
-            click.echo(entry.explain())
+            _echo(entry.explain())
 
     run_guarded(
         body, doing="explaining", subject=f"{'node ' + repr(node) if node else 'op ' + repr(op_type)} of {model}"
@@ -1832,7 +1840,7 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
             progress=_progress,
         )
         report = result.report
-        click.echo(check_summary(report), err=_to_stdout(report_json, report_html, sarif))
+        _echo(check_summary(report), err=_to_stdout(report_json, report_html, sarif))
         if report_json is not None:
             write_text_atomic(Path(report_json), _json.dumps(report, indent=1, default=float, allow_nan=False) + "\n")
         if report_html is not None and report["validation"] is not None:

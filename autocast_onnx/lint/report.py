@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from .._version import __version__
 from ..diagnostics import SEVERITIES
-from ..errors import AutocastError
+from ..errors import AutocastError, one_line, printable_lines
 from ..rewrite.provenance import describe as describe_provenance
 from .catalog import load_checks
 
@@ -59,11 +59,12 @@ def lint_text(results, show_protected: bool = True, colour: bool = False, verbos
         notes = [] if verbose or check.kind != "weights-flush" else _flush_notes(group, rules)
         note_ids = {id(d) for d in notes}
         for d in (d for d in group if id(d) not in note_ids):
-            where = f"{d.model}: " if len(results) > 1 and d.model else ""
-            node = d.node or "(model)"
-            graph = "" if d.graph == "main" else f" in {d.graph}"
+            # the names and the message come from the model: escaped here, before the colours
+            where = one_line(f"{d.model}: ") if len(results) > 1 and d.model else ""
+            node = one_line(d.node or "(model)")
+            graph = "" if d.graph == "main" else one_line(f" in {d.graph}")
             mark = f" [{sev(d.severity)}]" if len(found) > 1 else ""
-            lines.append(f"  {where}{node}{graph} ({d.op_type or '-'}){mark}: {d.message}")
+            lines.append(f"  {where}{node}{graph} ({one_line(d.op_type or '-')}){mark}: {one_line(d.message)}")
         if notes:
             lines.append(_flush_notes_line(notes, rules, len(notes) < len(group)))
         lines.append(f"  fix: {check.fix}")
@@ -78,9 +79,9 @@ def lint_text(results, show_protected: bool = True, colour: bool = False, verbos
         mode = (
             "as converted" if r.mode == "actual" else f"fp32 model, checked as if every float op ran in {r.precision}"
         )
-        lines.append(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})")
+        lines.append(one_line(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})"))
         if r.provenance is not None:
-            lines.append(describe_provenance(r.model or "<model>", r.provenance))
+            lines.append(one_line(describe_provenance(r.model or "<model>", r.provenance)))
     lines.append(
         f"{len(diagnostics)} finding(s): {sev('error')} {total['error']}, {sev('warning')} {total['warning']}, "
         f"{sev('info')} {total['info']}; {suppressed} suppressed"
@@ -140,7 +141,7 @@ def lint_statistics(results, fmt: str = "text") -> str:
     ]
     total = sum(sum(c.values()) for _, c in rows)
     lines.append(f"{total:>6}  finding(s) in {len(results)} model(s)")
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def lint_dict(results) -> dict:
@@ -175,15 +176,47 @@ DOCS_URL_ENV = "AUTOCAST_ONNX_DOCS_URL"  # absolute URL of autocast-onnx's docs/
 
 
 def source_root(models) -> Path:
-    """The folder SARIF locations are relative to: the top level of the git checkout holding the
-    first of `models` that is in one (the nearest folder above it with a `.git` folder, or a
-    worktree's `.git` file), else the current folder. Found without running git, so it works
-    where git is not installed."""
+    """The folder SARIF locations are relative to: the top level of the repository holding the
+    first of `models` that is in one, else the current folder. The top level is the nearest
+    folder above the model with a `.git` folder, or a `.git` file (a worktree's); a submodule's
+    checkout is part of its superproject's tree, so a model in a submodule counts for the
+    superproject (code scanning shows findings on the repository's own paths). Found without
+    running git, so it works where git is not installed."""
     for model in models:
-        for folder in Path(os.path.abspath(model)).parents if model else ():
-            if (folder / ".git").exists():
-                return folder
+        found = _checkout_top(Path(os.path.abspath(model))) if model else None
+        if found is not None:
+            return found
     return Path.cwd()
+
+
+def _checkout_top(path: Path) -> Path | None:
+    """The top level of the checkout holding `path`, past submodules; None outside any."""
+    for folder in path.parents:
+        marker = folder / ".git"
+        if marker.is_dir() or (marker.exists() and not _superproject(folder, marker)):
+            return folder
+        if marker.exists():  # a submodule: the superproject's top level is further up
+            return _checkout_top(folder)
+    return None
+
+
+def _superproject(folder: Path, marker: Path) -> Path | None:
+    """The superproject of the submodule checked out at `folder`, whose `.git` file `marker`
+    names its git folder (`gitdir: SUPER/.git/modules/NAME`); None when `marker` is not a
+    submodule's (a worktree's names SUPER/.git/worktrees/NAME) or cannot be read."""
+    try:
+        text = marker.read_text(encoding="utf-8", errors="surrogateescape")[:4096]
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    gitdir = Path(os.path.abspath(folder / text[len("gitdir:") :].strip()))
+    parts = gitdir.parts
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k] == "modules" and parts[k - 1] == ".git":
+            superproject = Path(*parts[: k - 1])
+            return superproject if folder.is_relative_to(superproject) else None
+    return None
 
 
 def _model_location(model: str | None, root: Path) -> tuple[dict, str]:
@@ -196,7 +229,9 @@ def _model_location(model: str | None, root: Path) -> tuple[dict, str]:
         relative = path.relative_to(root).as_posix()
     except ValueError:
         return {"uri": path.as_uri()}, path.as_posix()
-    return {"uri": quote(relative), "uriBaseId": SRCROOT}, relative
+    # a file name that is not UTF-8 (undecodable bytes kept as surrogates) is percent-encoded
+    # byte by byte, as Path.as_uri does
+    return {"uri": quote(os.fsencode(relative)), "uriBaseId": SRCROOT}, relative
 
 
 def fingerprint(d, path: str) -> str:
@@ -204,7 +239,8 @@ def fingerprint(d, path: str) -> str:
     repository, the graph, the node, its op type and the tensor. Not the message (its measured
     value may change while the finding stays), not absolute paths, times or positions."""
     parts = (d.code, path, d.graph, d.node or "", d.op_type or "", d.tensor or "")
-    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+    # surrogateescape: a path's undecodable bytes hash as the bytes they are (UTF-8 text as before)
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _docs_url() -> str | None:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
-from ..errors import AutocastError
+from ..errors import AutocastError, printable_lines
 from .vocab import Category, Paint, PortRole, Precision, Seed
 
 PLAN_VERSION = 2
@@ -99,7 +99,7 @@ class NodePlan:
             lines.append(
                 f"    - [{reason.code}] {reason.message}{value}" + (f"  ({reason.source})" if reason.source else "")
             )
-        return "\n".join(lines)
+        return printable_lines(lines)
 
     def __repr__(self) -> str:
         why = f": {self.reasons[-1].code}" if self.reasons else ""

@@ -4,6 +4,7 @@ comparison against a baseline report (new findings, validation regressions)."""
 from __future__ import annotations
 
 from ..diagnostics import at_least
+from ..errors import printable_lines
 
 
 def compare_baseline(report: dict, prior: dict | None, after, fail_on: str) -> dict:
@@ -75,7 +76,7 @@ def check_summary(report: dict) -> str:
     lines.append(
         "result: " + ("PASS" if gate["passed"] else "FAIL") + (" (against the baseline)" if gate["baseline"] else "")
     )
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _is_flush_note(message: str) -> bool:

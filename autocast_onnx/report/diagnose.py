@@ -8,6 +8,8 @@ import html
 import json
 import math
 
+from ..errors import printable_lines
+
 
 def diagnose_text(report: dict) -> str:
     nodes = {n["name"]: n for n in report["nodes"]}
@@ -27,7 +29,7 @@ def diagnose_text(report: dict) -> str:
                 f"  {name[-36:]:<36} {n['op_type'][:14]:<14} {n['precision']:<5} {n['introduced']:>10.3e} "
                 f"{n['received']:>10.3e} {n['produced']:>10.3e} {gain:>7}  {why[:70]}"
             )
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _profile_svg(points: list, width: int = 640, height: int = 260) -> str:

@@ -6,6 +6,7 @@ import re
 from collections import Counter
 
 from ..catalog.kernels import runtime_label
+from ..errors import printable_lines
 from ..plan.model import NOTE_CODES, PRECISIONS
 from .cost import conversion_cost, cost_line
 
@@ -189,7 +190,7 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     secs = result.seconds
     stages = ", ".join(f"{k} {v:.3f}" for k, v in secs.items() if k != "total")
     lines.append(f"time: {secs.get('total', sum(secs.values())):.3f} s ({stages})")
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _training_lines(training: dict) -> list[str]:

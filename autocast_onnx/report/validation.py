@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ..errors import printable_lines
+
 
 def _g(x, fmt=".3g"):
     return "-" if x is None else format(x, fmt)
@@ -120,7 +122,7 @@ def validation_text(report: dict) -> str:
     if report.get("warnings") and report.get("strict"):
         lines.append("--strict: the warnings above fail the validation")
     lines.append("result: " + ("PASS" if report["passed"] else "FAIL"))
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _units_text(units: dict) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..errors import AutocastError
+from ..errors import AutocastError, printable_lines
 from ..graph.sanity import load_checked
 from ..graph.training import ALL_FINITE_OUTPUT, LOSS_SCALE_INPUT, TrainingGraph, recognise
 
@@ -273,4 +273,4 @@ def training_step_text(report: dict) -> str:
     lines.append(
         f"{verdict}: every gradient finite, cosine >= {t['min_cosine']}, underflow <= {t['max_underflow'] * 100:g}%"
     )
-    return "\n".join(lines)
+    return printable_lines(lines)
