@@ -26,20 +26,30 @@ as Python warnings (CompatWarning), because a caller of these functions gets onl
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError, EncodeError
 
 from .catalog.loader import normalize_domain
 from .errors import AutocastError
 
-__all__ = ["DEFAULT_OP_BLOCK_LIST", "CompatWarning", "auto_convert_mixed_precision", "convert_float_to_float16"]
+__all__ = [
+    "DEFAULT_OP_BLOCK_LIST",
+    "CompatWarning",
+    "auto_convert_mixed_precision",
+    "convert_float_to_float16",
+    "onnxruntime_convert_float_to_float16",
+    "onnxruntime_float16",
+]
 
 # onnxconverter-common's default block list, kept so that `float16.DEFAULT_OP_BLOCK_LIST + [...]`
 # still runs after the import switch. autocast-onnx's default rules keep each of these ops fp32
@@ -50,6 +60,16 @@ DEFAULT_OP_BLOCK_LIST = [
     "Imputer", "LabelEncoder", "LinearClassifier", "LinearRegressor", "Normalizer", "OneHotEncoder",
     "RandomUniformLike", "SVMClassifier", "SVMRegressor", "Scaler", "TreeEnsembleClassifier",
     "TreeEnsembleRegressor", "ZipMap", "NonMaxSuppression", "TopK", "RoiAlign", "Resize", "Range", "CumSum",
+    "Min", "Max", "Upsample",
+]  # fmt: skip
+
+# ONNX Runtime's copy's default list (onnxruntime.transformers.float16, 1.17 to 1.2x): the same
+# but for TreeEnsemble (added) and Resize (left out).
+ONNXRUNTIME_DEFAULT_OP_BLOCK_LIST = [
+    "ArrayFeatureExtractor", "Binarizer", "CastMap", "CategoryMapper", "DictVectorizer", "FeatureVectorizer",
+    "Imputer", "LabelEncoder", "LinearClassifier", "LinearRegressor", "Normalizer", "OneHotEncoder",
+    "RandomUniformLike", "SVMClassifier", "SVMRegressor", "Scaler", "TreeEnsembleClassifier",
+    "TreeEnsembleRegressor", "TreeEnsemble", "ZipMap", "NonMaxSuppression", "TopK", "RoiAlign", "Range", "CumSum",
     "Min", "Max", "Upsample",
 ]  # fmt: skip
 
@@ -76,48 +96,106 @@ def convert_float_to_float16(
     disable_shape_infer=False,
     op_block_list=None,
     node_block_list=None,
-    *,
     check_fp16_ready=True,
+    *,
     force_fp16_initializers=False,
     force_fp16_inputs=None,
     use_bfloat16_as_blocked_nodes_dtype=False,
     use_bfloat16=False,
     runtime=None,
 ) -> onnx.ModelProto:
-    """onnxconverter-common's `convert_float_to_float16` (and ONNX Runtime's, with its extra
-    keywords), planned and rewritten by autocast-onnx; returns the converted ModelProto and leaves
-    `model` (a ModelProto or a path) unchanged.
+    """onnxconverter-common's `convert_float_to_float16`, with its signature (the eighth
+    parameter, check_fp16_ready, included), planned and rewritten by autocast-onnx; returns the
+    converted ModelProto and leaves `model` (a ModelProto or a path) unchanged. ONNX Runtime's
+    copy, whose eighth parameter is force_fp16_initializers, is onnxruntime_convert_float_to_float16;
+    its extra keywords are taken here too, by keyword only.
 
     keep_io_types: True keeps the float32 inputs and outputs float32; False gives every one of
     them the low type (as the peers do); a list of names (ONNX Runtime) keeps those and lowers
     the others. op_block_list: op types kept fp32, in any domain, on top of the project's rules
-    (None: the rules alone). node_block_list: node names kept fp32. disable_shape_infer: True
+    (None: the rules alone). node_block_list: node names kept fp32. Each list may be any iterable
+    of names (a generator, a set, a dict's keys), read once. disable_shape_infer: True
     checks the result with onnx.checker only, False adds ONNX shape inference to the check (the
     planning itself never needs it). check_fp16_ready: refuse a model that already holds float16
     or bfloat16 tensors. use_bfloat16: convert to bfloat16 instead (autocast-onnx's precision="bf16";
     neither peer has it). runtime: "cuda", "dml" or "tensorrt" keeps fp32 the nodes that runtime has
     no low-precision kernel for (autocast-onnx's --runtime; neither peer has it; None plans for any
-    runtime and warns when ONNX Runtime's CUDA provider would run some nodes on the CPU). The keywords
-    after node_block_list are keyword-only: the peers put different ones in that position.
+    runtime and warns when ONNX Runtime's CUDA provider would run some nodes on the CPU).
     min_positive_val, max_finite_val (other than either peer's default), force_fp16_initializers,
     force_fp16_inputs and use_bfloat16_as_blocked_nodes_dtype ask for what the project does not do,
-    and are refused (docs/migrating.md says why)."""
+    and are refused (docs/migrating.md says why). A ModelProto over 2 GiB in memory, more than
+    protobuf encodes, is converted through a temporary folder (see _converted)."""
+    given = _materialised(keep_io_types=keep_io_types, op_block_list=op_block_list, node_block_list=node_block_list)
     _refuse_unreproduced(
         min_positive_val=min_positive_val,
         max_finite_val=max_finite_val,
         force_fp16_initializers=force_fp16_initializers,
-        force_fp16_inputs=force_fp16_inputs,
+        force_fp16_inputs=_materialised(force_fp16_inputs=force_fp16_inputs)["force_fp16_inputs"],
         use_bfloat16_as_blocked_nodes_dtype=use_bfloat16_as_blocked_nodes_dtype,
     )
+    result = _float16(
+        model, given, check_fp16_ready=check_fp16_ready, disable_shape_infer=disable_shape_infer,
+        use_bfloat16=use_bfloat16, runtime=runtime,
+    )  # fmt: skip
+    _issue_warnings(result)
+    return result.model
+
+
+def onnxruntime_convert_float_to_float16(
+    model,
+    min_positive_val=5.96e-08,
+    max_finite_val=65504.0,
+    keep_io_types=False,
+    disable_shape_infer=False,
+    op_block_list=None,
+    node_block_list=None,
+    force_fp16_initializers=False,
+    force_fp16_inputs=None,
+    use_bfloat16_as_blocked_nodes_dtype=False,
+    *,
+    use_bfloat16=False,
+    runtime=None,
+) -> onnx.ModelProto:
+    """ONNX Runtime's `onnxruntime.transformers.float16.convert_float_to_float16`, with its
+    signature and defaults; the keywords as in convert_float_to_float16. As the peer, it converts
+    a model that holds float16 already (its float32 parts; onnxconverter-common's check_fp16_ready
+    is not its own). `onnxruntime_float16` is this module's stand-in for the peer's module."""
+    given = _materialised(keep_io_types=keep_io_types, op_block_list=op_block_list, node_block_list=node_block_list)
+    _refuse_unreproduced(
+        min_positive_val=min_positive_val,
+        max_finite_val=max_finite_val,
+        force_fp16_initializers=force_fp16_initializers,
+        force_fp16_inputs=_materialised(force_fp16_inputs=force_fp16_inputs)["force_fp16_inputs"],
+        use_bfloat16_as_blocked_nodes_dtype=use_bfloat16_as_blocked_nodes_dtype,
+    )
+    result = _float16(
+        model, given, check_fp16_ready=False, disable_shape_infer=disable_shape_infer, use_bfloat16=use_bfloat16,
+        runtime=runtime,
+    )  # fmt: skip
+    _issue_warnings(result)
+    return result.model
+
+
+# `from onnxruntime.transformers import float16` becomes
+# `from autocast_onnx.compat import onnxruntime_float16 as float16`
+onnxruntime_float16 = SimpleNamespace(
+    convert_float_to_float16=onnxruntime_convert_float_to_float16,
+    DEFAULT_OP_BLOCK_LIST=ONNXRUNTIME_DEFAULT_OP_BLOCK_LIST,
+)
+
+
+def _float16(model, given: dict, *, check_fp16_ready, disable_shape_infer, use_bfloat16, runtime):
+    """Both convert_float_to_float16 drop-ins, once their keywords are read (`given`: the
+    iterables, materialised) and the unreproduced ones refused: the ConversionResult."""
     source = _model_of(model)
     precision = "bf16" if _flag(use_bfloat16, "use_bfloat16") else "fp16"
     if _flag(check_fp16_ready, "check_fp16_ready"):
         _refuse_converted(source)
     planning = {
         "precision": precision,
-        **_io_options(source, keep_io_types),
-        "exclude_ops": _block_ops(source, op_block_list),
-        "exclude_nodes": _block_nodes(node_block_list),
+        **_io_options(source, given["keep_io_types"]),
+        "exclude_ops": _block_ops(source, given["op_block_list"]),
+        "exclude_nodes": _block_nodes(given["node_block_list"]),
         "runtime": runtime,
     }
     check = "basic" if _flag(disable_shape_infer, "disable_shape_infer") else "full"
@@ -141,6 +219,7 @@ def auto_convert_mixed_precision(
     cosine or top-1 agreement."""
     from .api import convert
 
+    keep_io_types = _materialised(keep_io_types=keep_io_types)["keep_io_types"]
     if validate_fn is not None:
         raise AutocastError(
             "a validation callback is not supported: the accuracy search judges by its own thresholds",
@@ -153,6 +232,14 @@ def auto_convert_mixed_precision(
     if not targets:
         raise AutocastError("no accuracy target given", "rtol", "pass rtol= and/or atol=, e.g. rtol=0.01")
     source = _model_of(model)
+    if _encoded(source) is None:
+        raise AutocastError(
+            "the model is over 2 GiB in memory, more than protobuf encodes: the accuracy search runs it in "
+            "ONNX Runtime, which takes a model encoded (the peer fails on it as well)",
+            "model",
+            "convert it with convert_float_to_float16, which takes a model of any size, and keep nodes fp32 "
+            "with node_block_list",
+        )
     planning = {"precision": "fp16", **_io_options(source, keep_io_types), "runtime": runtime}
     with tempfile.TemporaryDirectory() as tmp:
         inputs = Path(tmp) / "feed_dict.npz"
@@ -169,18 +256,120 @@ def auto_convert_mixed_precision(
     return result.model
 
 
-def _converted(source: onnx.ModelProto, planning: dict, check: str) -> onnx.ModelProto:
-    """autocast_onnx.convert with the planning keywords the drop-in's keywords became; the plan's
-    warnings issued as CompatWarning."""
+def _converted(source: onnx.ModelProto, planning: dict, check: str):
+    """autocast_onnx.convert with the planning keywords the drop-in's keywords became, on a copy
+    of `source` (never edited); returns the ConversionResult.
+
+    The copy is made as the pipeline makes one, by encoding the model and reading it back. A model
+    that protobuf cannot encode, over 2 GiB in memory (the peers, which edit it in place, convert
+    it), takes the way a model file of that size takes: _through_files."""
     from .api import convert
 
-    result = convert(source, check=check, **planning)
-    _issue_warnings(result)
-    return result.model
+    data = _encoded(source)
+    if data is None:
+        return _through_files(source, planning, check)
+    try:
+        copy = onnx.ModelProto.FromString(data)
+    except DecodeError:  # nested deeper than protobuf reads back: the pipeline's own copy says so, in one line
+        return convert(source, check=check, **planning)
+    return convert(copy, copy=False, check=check, **planning)
+
+
+def _encoded(model: onnx.ModelProto) -> bytes | None:
+    """The model's encoding; None when protobuf refuses to encode it (over 2 GiB)."""
+    try:
+        return model.SerializeToString()
+    except (EncodeError, ValueError):  # EncodeError (upb); ValueError from the C++ implementation
+        return None
+
+
+def _through_files(source: onnx.ModelProto, planning: dict, check: str):
+    """Convert a model too big to encode: its main graph's initializers written as external data
+    into a temporary folder beside the rest of the model (_save_external), that file converted as
+    `autocast-onnx convert` converts a model of any size (pipeline.convert_file: the payloads stay
+    on disk, the output is written with external data and checked from the files), and the result
+    read back into memory, every payload in its tensor."""
+    from .io import load_model
+    from .pipeline import convert_file
+
+    with tempfile.TemporaryDirectory(prefix="autocast-onnx-compat-") as tmp:
+        path, out = Path(tmp) / "model.onnx", Path(tmp) / "converted.onnx"
+        _save_external(source, path)
+        try:
+            result = convert_file(path, out, check=check, **planning)
+            result.model = load_model(out).model
+        except AutocastError as exc:
+            if exc.where is None or tmp not in exc.where:
+                raise
+            said = (exc.what.replace(tmp, "<temporary folder>"), (exc.hint or "").replace(tmp, "<temporary folder>"))
+            raise AutocastError(said[0], "model", said[1] or None) from None
+    return result
+
+
+# a smaller initializer stays in the model file (as io.EXTERNAL_MIN_BYTES keeps one in a saved model)
+EXTERNAL_MIN_ELEMENTS = 1024
+
+
+def _save_external(source: onnx.ModelProto, path: Path) -> None:
+    """Write `source` to `path` with the raw payload of each main-graph initializer of
+    EXTERNAL_MIN_ELEMENTS elements or more in `path.name + ".data"`, without encoding it whole or
+    copying its payloads into another ModelProto: a copy of everything else, each payload written
+    from the tensor itself."""
+    lean = onnx.ModelProto()
+    _copy_fields(lean, source, skip=("graph",))
+    _copy_fields(lean.graph, source.graph, skip=("initializer",))
+    data_name = path.name + ".data"
+    offset = 0
+    with open(path.parent / data_name, "wb") as fh:
+        for tensor in source.graph.initializer:
+            copy = lean.graph.initializer.add()
+            stored = not tensor.HasField("raw_data") or tensor.data_location == onnx.TensorProto.EXTERNAL
+            if stored or math.prod(tensor.dims) < EXTERNAL_MIN_ELEMENTS:
+                copy.CopyFrom(tensor)
+                continue
+            _copy_fields(copy, tensor, skip=("raw_data", "data_location"))
+            payload = tensor.raw_data
+            fh.write(payload)
+            copy.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data_name), ("offset", offset), ("length", len(payload))):
+                copy.external_data.add(key=key, value=str(value))
+            offset += len(payload)
+            del payload
+    data = _encoded(lean)
+    if data is None:
+        raise AutocastError(
+            "the model is over 2 GiB in memory even without its main graph's initializers' raw payloads "
+            "(tensors in Constant nodes, subgraphs or typed fields such as float_data), more than protobuf encodes",
+            "model",
+            "keep the large tensors as raw_data in the main graph's initializers (onnx.numpy_helper.from_array)",
+        )
+    path.write_bytes(data)
+
+
+def _copy_fields(dst, src, skip: tuple) -> None:
+    """Copy the fields of protobuf message `src` that are set into `dst`, but those in `skip`
+    (never read: reading a bytes field copies it)."""
+    for fd in src.DESCRIPTOR.fields:
+        if fd.name in skip:
+            continue
+        if _is_repeated(fd):
+            if len(getattr(src, fd.name)):
+                getattr(dst, fd.name).extend(getattr(src, fd.name))
+        elif src.HasField(fd.name):
+            if fd.type == fd.TYPE_MESSAGE:
+                getattr(dst, fd.name).CopyFrom(getattr(src, fd.name))
+            else:
+                setattr(dst, fd.name, getattr(src, fd.name))
+
+
+def _is_repeated(fd) -> bool:
+    """Whether a field is repeated (protobuf 5 and later deprecate `label` for `is_repeated`)."""
+    repeated = getattr(fd, "is_repeated", None)
+    return bool(repeated) if repeated is not None else fd.label == fd.LABEL_REPEATED
 
 
 def _issue_warnings(result) -> None:
-    """The plan's warnings as Python warnings, at the caller of the drop-in."""
+    """The plan's warnings as Python warnings, at the caller of the drop-in (which calls this)."""
     for warning in result.plan.warnings:
         warnings.warn(f"autocast-onnx: {warning.message}", CompatWarning, stacklevel=3)
 
@@ -204,6 +393,12 @@ def _refuse_unreproduced(**given) -> None:
             "not do: a node kept fp32 keeps its weights fp32",
             "force_fp16_initializers",
             "drop it; to run more nodes in fp16, block fewer ops or nodes",
+        )
+    if given["force_fp16_inputs"] is not None and not isinstance(given["force_fp16_inputs"], (dict, list)):
+        raise AutocastError(
+            f"force_fp16_inputs={given['force_fp16_inputs']!r} is not a mapping of op types to input indices",
+            "force_fp16_inputs",
+            "drop it",
         )
     if given["force_fp16_inputs"]:
         raise AutocastError(
@@ -257,7 +452,7 @@ def _io_options(model: onnx.ModelProto, keep_io_types) -> dict:
     names = _float_io(model)
     if isinstance(keep_io_types, (bool, np.bool_)):
         lowered = [] if keep_io_types else names
-    elif isinstance(keep_io_types, (list, tuple, set, frozenset)) and all(isinstance(n, str) for n in keep_io_types):
+    elif isinstance(keep_io_types, list) and all(isinstance(n, str) for n in keep_io_types):
         io = {v.name for v in model.graph.input} | {v.name for v in model.graph.output}
         unknown = sorted(n for n in keep_io_types if n not in io)
         if unknown:
@@ -277,13 +472,29 @@ def _io_options(model: onnx.ModelProto, keep_io_types) -> dict:
     return {"keep_io_types": True, "low_precision_io": pattern}
 
 
+def _materialised(**given) -> dict:
+    """Each keyword's value with every iterable read into a list, once, before anything looks at
+    it: a generator or an iterator that one check went through would be empty for the next, and
+    its names would do nothing. A mapping gives its keys (force_fp16_inputs, a mapping itself, is
+    kept as one); a string, bytes, None, a bool or any other value stays as it is, for the
+    keyword's own check to accept or refuse."""
+    out = {}
+    for keyword, value in given.items():
+        if isinstance(value, Mapping):
+            value = dict(value) if keyword == "force_fp16_inputs" else list(value)
+        elif isinstance(value, Iterable) and not isinstance(value, (str, bytes, bytearray)):
+            value = list(value)
+        out[keyword] = value
+    return out
+
+
 def _names(value, keyword: str) -> list[str]:
-    """A list of names given to `keyword` (None: none)."""
+    """A list of names given to `keyword` (None: none), materialised already (_materialised)."""
     if value is None:
         return []
-    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise AutocastError(f"{keyword}={value!r} is not a list of names", keyword, f'e.g. {keyword}=["Softmax"]')
-    return list(value)
+    return value
 
 
 def _block_ops(model: onnx.ModelProto, op_block_list) -> list[str]:

@@ -29,11 +29,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal, Protocol, runtime_checkable
+from typing import BinaryIO, Final, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, EncodeError
 from onnx import numpy_helper
 
 from .dtypes import ITEMSIZE
@@ -85,6 +85,16 @@ class PiecesLike(Protocol):
     def __bytes__(self) -> bytes: ...
 
     def write_to(self, fd: int) -> None: ...
+
+
+def encoded_size(message) -> int:
+    """message.ByteSize(), or PROTOBUF_LIMIT + 1 for a message past what protobuf encodes (over
+    2 GiB: upb's ByteSize raises EncodeError there rather than return the size, the C++
+    implementation ValueError), so that a size guard can compare it instead of failing."""
+    try:
+        return message.ByteSize()
+    except (EncodeError, ValueError):
+        return PROTOBUF_LIMIT + 1
 
 
 def load_model(path: str | os.PathLike, load_external: bool = True, parse: LeavingParse | None = None) -> LoadedModel:
@@ -158,6 +168,37 @@ def check_model_path(path: str | os.PathLike) -> Path:
             "save the model to a file and pass its path; models are not read from pipes or devices",
         )
     return path
+
+
+def check_regular(path: str | os.PathLike, hint: str) -> None:
+    """Refuse `path` unless it is a regular file (a symlink to one included), as check_model_path
+    does, from its type alone (os.stat: never opened), with `hint` as what to do: a FIFO, which
+    would wait for a writer; a device such as /dev/zero, read without end; a folder, a socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise AutocastError(f"cannot read file: {exc.strerror or exc}", str(path), "check the path") from None
+    if not stat.S_ISREG(mode):
+        raise AutocastError(f"is {_special_kind(mode)}, not a regular file", str(path), hint)
+
+
+def open_regular(path: str | os.PathLike, hint: str) -> BinaryIO:
+    """`path` opened for reading in binary, after check_regular; opened without waiting
+    (O_NONBLOCK, no controlling terminal) and looked at again on the open descriptor, so that a
+    path swapped for a FIFO or a device in between is refused too, never read or waited on."""
+    check_regular(path, hint)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise AutocastError(f"cannot read file: {exc.strerror or exc}", str(path), "check its permissions") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise AutocastError(f"is {_special_kind(mode)}, not a regular file", str(path), hint)
+    if hasattr(os, "O_NONBLOCK"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _parse_file(path: Path, model: onnx.ModelProto, parse: LeavingParse | None = None) -> tuple[int, LeftInFile | None]:
@@ -471,10 +512,11 @@ def spelled_as_folders(paths: Iterable) -> Iterator[None]:
 
 def names_folder(path) -> bool:
     """True for a path that names a folder by its spelling: a string ending in a separator
-    ('out/'), or a path the command line gave that way (spelled_as_folders)."""
-    if isinstance(path, str):
-        return path.endswith(_SEPARATORS) and not is_stdout(path)
-    return path is not None and Path(path) in _FOLDER_SPELLINGS.get()
+    ('out/'), or a path (or its text, which has lost the separator) the command line gave that
+    way (spelled_as_folders)."""
+    if isinstance(path, str) and path.endswith(_SEPARATORS):
+        return not is_stdout(path)
+    return path is not None and not is_stdout(path) and Path(path) in _FOLDER_SPELLINGS.get()
 
 
 def _refuse_folder_spelling(flag: str, path) -> None:
@@ -813,7 +855,7 @@ def save_model(
     out_path = Path(out_path)
     in_place = output_kind(out_path) == "stream"
     if external_data is None:
-        external_data = (len(payload) if payload is not None else model.ByteSize()) > PROTOBUF_LIMIT - 64 * 2**20
+        external_data = (len(payload) if payload is not None else encoded_size(model)) > PROTOBUF_LIMIT - 64 * 2**20
     if external_data and in_place:
         raise AutocastError(
             "cannot write external data beside a FIFO or device",
@@ -1244,6 +1286,63 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.HasField("raw_data"):
         return len(tensor.raw_data)
     return math.prod(tensor.dims) * ITEMSIZE.get(tensor.data_type, 4)
+
+
+def write_binary_output(path: str | os.PathLike, fill: Callable[[BinaryIO], object], flag: str) -> None:
+    """Write a binary output file (--save-inputs) as every other output is written: `fill(fh)`
+    writes its bytes into a temporary beside `path` (temp_prefix), renamed into place once whole;
+    a FIFO or character device is opened as it is and written in place, never replaced. Refused
+    in one line: a path spelled as a folder ('out/', names_folder), a directory, block device or
+    socket (stat_output_kind), a missing folder."""
+    if names_folder(path) or names_folder(Path(path)):
+        _refuse_folder_spelling(flag, path)
+    path = Path(path)
+    if output_kind(path) == "stream":
+        _fill_in_place(path, fill)
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise AutocastError("output folder does not exist", str(parent), f"create it, or give {flag} another path")
+    tmp = None
+    try:
+        tmp = _temp_path(parent, path.name)
+        with open(tmp, "wb") as fh:
+            fill(fh)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise AutocastError(
+            f"cannot write file: {exc.strerror or exc}", str(path), "check free space and permissions"
+        ) from None
+    finally:
+        if tmp is not None and tmp.exists():
+            tmp.unlink()
+
+
+def _fill_in_place(path: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """write_binary_output to an existing FIFO or character device: the bytes made in memory (a
+    writer such as zipfile seeks back, which a pipe cannot and a device only pretends to), then
+    written into it, opened without creating or truncating anything, if the open descriptor is
+    still one (a path swapped for a regular file since it was looked at is refused, not written
+    over)."""
+    from io import BytesIO
+
+    made = BytesIO()
+    fill(made)
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise AutocastError(f"cannot write file: {exc.strerror or exc}", str(path), "check the reader") from None
+    try:
+        if stat_output_kind(os.fstat(fd), str(path)) != "stream":
+            raise AutocastError(
+                "output path changed from a FIFO or device to a file while it was opened", str(path), "run again"
+            )
+        write_all(fd, made.getbuffer())
+    except OSError as exc:
+        raise AutocastError(f"cannot write file: {exc.strerror or exc}", str(path), "check the reader") from None
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -27,6 +27,7 @@ from .graph.sanity import blame_input, check_input, load_checked
 from .graph.shapes import MAC_OPS, macs_of, tensor_shapes
 from .graph.training import TrainingGraph, might_be_training, recognise
 from .io import (
+    PROTOBUF_LIMIT,
     LeftInFile,
     LoadedModel,
     PayloadSpill,
@@ -34,6 +35,7 @@ from .io import (
     check_model_path,
     check_output_path,
     check_outputs,
+    encoded_size,
     is_stdout,
     load_model,
     output_kind,
@@ -327,6 +329,15 @@ def _loaded(model, copy: bool) -> LoadedModel:
     unless copy=False)."""
     if isinstance(model, (str, os.PathLike)):
         return load_checked(model)
+    if encoded_size(model) > PROTOBUF_LIMIT:
+        raise AutocastError(
+            "the model is over 2 GiB in memory, more than protobuf encodes, so it can be neither copied nor "
+            "checked (onnx.checker encodes it)",
+            "<model>",
+            "save it with its weights as external data (onnx.save_model(model, PATH, save_as_external_data=True)) "
+            "and convert PATH, which converts a model of any size; autocast_onnx.compat.convert_float_to_float16 "
+            "takes such a ModelProto itself",
+        )
     proto = _copy_model(model) if copy else model
     check_input(proto)
     return LoadedModel(model=proto, path=None, file_bytes=0)
@@ -566,8 +577,13 @@ def _resolve_target(plan, options: PlanOptions, measured: dict) -> tuple[Precisi
 def _upgrade_opset(model: onnx.ModelProto, plan, options: PlanOptions, where: str) -> OpsetChange | None:
     """--opset: the model's default-domain opset upgraded in place before anything reads it
     (rewrite/opset.py); None when no upgrade is asked. A replayed plan repeats the upgrade it
-    records (its fingerprint is the upgraded model's), and an --opset that differs contradicts it."""
+    records (its fingerprint is the upgraded model's), and an --opset that differs contradicts it.
+    The upgrade compares the upgraded fp32 model with the original and says which upgraded nodes
+    the runtime planned for (--runtime; none: ONNX Runtime's CPU provider) cannot run at the target
+    precision: its warnings go into the plan (_record_opset)."""
     wanted = options.opset
+    target = plan.target if plan is not None else options.target
+    runtime = plan.runtime if plan is not None else options.runtime
     if plan is not None:
         recorded = plan.opset["to"] if plan.opset is not None else None
         if wanted is not None and wanted != (recorded if recorded is not None else default_opset(model)):
@@ -578,7 +594,10 @@ def _upgrade_opset(model: onnx.ModelProto, plan, options: PlanOptions, where: st
                 "drop --opset; the plan decides it",
             )
         wanted = recorded
-    return upgrade_opset(model, wanted, where) if wanted is not None else None
+    if wanted is None:
+        return None
+    folder = Path(where).parent if where != "<model>" else None  # where external data is read from
+    return upgrade_opset(model, wanted, where, runtime=runtime, low_type=target.elem_type, base_dir=folder)
 
 
 def _record_opset(plan: PrecisionPlan, upgrade: OpsetChange | None) -> None:
@@ -588,6 +607,8 @@ def _record_opset(plan: PrecisionPlan, upgrade: OpsetChange | None) -> None:
         return
     if upgrade.after > upgrade.before:
         plan.opset = upgrade.to_dict()
+        flag = f"--opset {upgrade.after}"
+        plan.warnings.extend(PlanWarning("opset", f"{flag}: {w.message}", w.node) for w in upgrade.warnings)
     else:
         said = f"--opset {upgrade.after}: the model is already at opset {upgrade.after}; nothing upgraded"
         plan.warnings.append(PlanWarning("opset", said))

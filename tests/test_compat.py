@@ -269,22 +269,48 @@ def test_keywords_the_project_does_not_reproduce_are_refused_in_one_line(keyword
     assert err.value.where == where and fragment in line and "\n" not in line and err.value.hint
 
 
-def test_keywords_after_node_block_list_are_keyword_only_and_the_first_seven_are_the_peers():
-    """The peers differ from the eighth position on (check_fp16_ready against
-    force_fp16_initializers): a positional value there would mean different things."""
-    params = inspect.signature(convert_float_to_float16).parameters
-    names = list(params)
-    assert names[:7] == [
-        "model", "min_positive_val", "max_finite_val", "keep_io_types", "disable_shape_infer", "op_block_list",
-        "node_block_list",
-    ]  # fmt: skip
-    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in names[7:])
-    assert params["min_positive_val"].default == 1e-7 and params["max_finite_val"].default == 1e4
-    assert params["keep_io_types"].default is False and params["check_fp16_ready"].default is True
-    auto = inspect.signature(auto_convert_mixed_precision).parameters
-    assert list(auto) == ["model", "feed_dict", "validate_fn", "rtol", "atol", "keep_io_types", "runtime"]
-    assert [auto[n].default for n in list(auto)[2:]] == [None, None, None, False, None]
-    assert auto["runtime"].kind is inspect.Parameter.KEYWORD_ONLY
+# The peers' signatures (onnxconverter-common 1.16 float16.py and auto_mixed_precision.py, ONNX
+# Runtime's transformers/float16.py): every parameter that can be passed by position, with its
+# default. tests/test_compat_peers.py holds the drop-ins to the peers' own inspect.signature.
+ONNXCONVERTER_COMMON_FLOAT16 = [
+    ("model", inspect.Parameter.empty), ("min_positive_val", 1e-7), ("max_finite_val", 1e4),
+    ("keep_io_types", False), ("disable_shape_infer", False), ("op_block_list", None), ("node_block_list", None),
+    ("check_fp16_ready", True),
+]  # fmt: skip
+ONNXRUNTIME_FLOAT16 = [
+    *ONNXCONVERTER_COMMON_FLOAT16[:1], ("min_positive_val", 5.96e-08), ("max_finite_val", 65504.0),
+    *ONNXCONVERTER_COMMON_FLOAT16[3:7], ("force_fp16_initializers", False), ("force_fp16_inputs", None),
+    ("use_bfloat16_as_blocked_nodes_dtype", False),
+]  # fmt: skip
+AUTO_MIXED_PRECISION = [
+    ("model", inspect.Parameter.empty), ("feed_dict", inspect.Parameter.empty), ("validate_fn", None),
+    ("rtol", None), ("atol", None), ("keep_io_types", False),
+]  # fmt: skip
+
+
+def positional(function) -> list:
+    """(name, default) of each parameter of `function` that can be passed by position."""
+    params = inspect.signature(function).parameters.values()
+    return [(p.name, p.default) for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+
+@pytest.mark.parametrize(
+    "function,peer",
+    [
+        (convert_float_to_float16, ONNXCONVERTER_COMMON_FLOAT16),
+        (compat.onnxruntime_convert_float_to_float16, ONNXRUNTIME_FLOAT16),
+        (auto_convert_mixed_precision, AUTO_MIXED_PRECISION),
+    ],
+    ids=["onnxconverter-common-float16", "onnxruntime-float16", "auto-mixed-precision"],
+)
+def test_each_drop_in_takes_its_peers_positional_parameters_and_only_those(function, peer):
+    """Positional order and defaults are the peer's; what the drop-in adds (use_bfloat16,
+    runtime, and in onnxconverter-common's the ONNX Runtime keywords) is keyword-only, so no
+    positional value can mean something else than in the peer."""
+    assert positional(function) == peer
+    extra = [p for p in inspect.signature(function).parameters.values() if p.name not in dict(peer)]
+    assert extra and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
+    assert compat.onnxruntime_float16.convert_float_to_float16 is compat.onnxruntime_convert_float_to_float16
 
 
 def test_one_import_switches_a_script_written_for_onnxconverter_common():
@@ -360,6 +386,10 @@ def test_auto_convert_mixed_precision_refusals_name_the_keyword(keywords, where,
 
 def test_every_keyword_of_the_drop_ins_is_in_the_migration_page():
     text = (ROOT / "docs" / "migrating.md").read_text(encoding="utf-8")
-    for function in (convert_float_to_float16, auto_convert_mixed_precision):
+    for function in (
+        convert_float_to_float16,
+        compat.onnxruntime_convert_float_to_float16,
+        auto_convert_mixed_precision,
+    ):
         for name in inspect.signature(function).parameters:
             assert re.search(rf"`{name}\b", text), f"{function.__name__}'s {name} is not in docs/migrating.md"

@@ -17,6 +17,7 @@ measure it."""
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from pathlib import Path
 
@@ -74,14 +75,14 @@ def error(source: onnx.ModelProto, converted: onnx.ModelProto) -> float | None:
     return max(relative_error(g, r) for r, g in zip(ref, got) if r.dtype.kind == "f")
 
 
-def side_by_side(peer, name: str, **keywords) -> tuple[dict, dict]:
+def side_by_side(peer, name: str, ours=compat.convert_float_to_float16, **keywords) -> tuple[dict, dict]:
     """The same call to the peer (on its own copy: the peers edit the model in place) and to the
-    drop-in: each output's validity and error."""
+    drop-in `ours`: each output's validity and error."""
     source = load(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = peer(copy.deepcopy(source), **keywords)
-        ours = compat.convert_float_to_float16(source, **keywords)
+        ours = ours(source, **keywords)
     rows = []
     for out in (theirs, ours):
         rows.append({"valid": valid(out), "error": error(source, out)})
@@ -125,16 +126,58 @@ def test_onnxconverter_common_node_block_list(name):
 def test_onnxruntime_float16_with_keep_io_types_as_names(name):
     """ONNX Runtime's copy, keep_io_types as a list: the first float32 output stays float32."""
     output = load(name).graph.output[0].name
-    theirs, ours = side_by_side(ort_float16.convert_float_to_float16, name, keep_io_types=[output])
+    theirs, ours = side_by_side(
+        ort_float16.convert_float_to_float16, name, compat.onnxruntime_convert_float_to_float16, keep_io_types=[output]
+    )
     assert_not_worse(theirs, ours)
 
 
 @pytest.mark.parametrize("name", ["gpt2_tiny", "resnet_tiny"])
 def test_onnxruntime_float16_keep_io_types_and_op_block_list(name):
     theirs, ours = side_by_side(
-        ort_float16.convert_float_to_float16, name, keep_io_types=True, op_block_list=["Softmax", "Add"]
+        ort_float16.convert_float_to_float16,
+        name,
+        compat.onnxruntime_convert_float_to_float16,
+        keep_io_types=True,
+        op_block_list=["Softmax", "Add"],
     )
     assert_not_worse(theirs, ours)
+
+
+DROP_INS = [
+    (compat.convert_float_to_float16, float16.convert_float_to_float16),
+    (compat.onnxruntime_convert_float_to_float16, ort_float16.convert_float_to_float16),
+    (compat.auto_convert_mixed_precision, auto_mixed_precision.auto_convert_mixed_precision),
+]
+
+
+@pytest.mark.parametrize("ours,peer", DROP_INS, ids=["onnxconverter-common", "onnxruntime", "auto-mixed-precision"])
+def test_each_drop_in_has_its_peers_signature(ours, peer):
+    """Issue 36, defect 5: every parameter of the peer, in its order, with its default and kind;
+    what the drop-in adds is keyword-only (an eighth positional argument used to be a TypeError)."""
+    theirs = list(inspect.signature(peer).parameters.values())
+    mine = list(inspect.signature(ours).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in mine[: len(theirs)]] == [(p.name, p.kind, p.default) for p in theirs]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in mine[len(theirs) :])
+
+
+def test_the_default_block_lists_are_the_peers():
+    assert compat.DEFAULT_OP_BLOCK_LIST == float16.DEFAULT_OP_BLOCK_LIST
+    assert compat.onnxruntime_float16.DEFAULT_OP_BLOCK_LIST == ort_float16.DEFAULT_OP_BLOCK_LIST
+
+
+@pytest.mark.parametrize("name", ["bert_tiny", "vit_tiny"])
+def test_a_node_block_list_given_as_a_generator_blocks_as_in_the_peer(name):
+    """The peer reads the list once (set(node_block_list)); the drop-in used to read a generator in
+    a check and convert the nodes it named."""
+    blocked = first_matmul(name)
+    theirs, ours = side_by_side(float16.convert_float_to_float16, name, node_block_list=(n for n in [blocked]))
+    assert_not_worse(theirs, ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        given = compat.convert_float_to_float16(load(name), node_block_list=(n for n in [blocked]))
+        listed = compat.convert_float_to_float16(load(name), node_block_list=[blocked])
+    assert given.SerializeToString() == listed.SerializeToString()
 
 
 def test_the_peers_refuse_what_the_drop_in_refuses_or_do_it_differently():

@@ -8,6 +8,12 @@ is caught where the model is worked on, said in one line and recorded as that mo
 the other models go on. A worker process that dies without an answer (a crash in a native
 library) is an unexpected error of its model. The command's exit code is the worst outcome.
 
+A worker ends with its parent, however the parent ends (SIGKILL, the OOM killer): the kernel
+sends it SIGTERM (Linux), or a thread of its own notices, and its pipe reads as closed, since no
+worker keeps a copy of the parent's end. An interrupt of the parent (Ctrl-C, or SIGTERM under
+the console entry, cli/main.py) stops the workers, each removing its temporaries, and the
+command removes what the batch wrote: nothing is left half-written, nor left running.
+
 `convert` on several models writes each beside its input (MODEL.<precision>.onnx) or under
 `-o DIR` (the same name there), refuses up front two models that would write the same file, and
 prints one table at the end (`convert_table`); each model's files are written atomically by the
@@ -19,16 +25,20 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from ..errors import AutocastError, one_line, printable_lines
+from ..filesys import end_with_parent
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_HINT = "this is a bug in autocast-onnx; rerun with AUTOCAST_ONNX_DEBUG=1 for a traceback and please report it"
@@ -102,16 +112,80 @@ def run_all(
     return _in_processes(work, items, jobs, doing, subjects, done)
 
 
-def _worker(conn, work, items, doing: str, subjects) -> None:
+def _worker(conn, inherited: list, parent: int, work, items, doing: str, subjects) -> None:
     """A worker process: for each item index the parent sends, that item's outcome, until the
-    parent sends None."""
+    parent sends None, its pipe closes, or it is stopped (SIGINT or SIGTERM: the work's
+    `finally` blocks remove its temporaries). It ends with its parent (_as_child)."""
     try:
+        _as_child(parent, inherited)
         while (k := conn.recv()) is not None:
             conn.send(attempt(work, items[k], doing, subjects[k]))
-    except (KeyboardInterrupt, EOFError):  # Ctrl-C reaches every process: the parent says it
+    except (KeyboardInterrupt, EOFError, OSError):  # stopped, or the parent is gone: it says why
         pass
     finally:
         conn.close()
+
+
+def _as_child(parent: int, inherited: list) -> None:
+    """A worker's first steps: SIGINT and SIGTERM become the interrupt (once: a second one does
+    not cut short the cleanup of the first); the parent's ends of the pipes, which the fork
+    copied, are closed, so that its own pipe reads as closed once the parent is gone; the kernel
+    is asked to send SIGTERM when the parent ends (filesys.end_with_parent), or where it cannot
+    be, a thread watches for the parent's end; then the signals the parent held back around the
+    fork are let through."""
+    signal.signal(signal.SIGINT, _interrupt_once)
+    signal.signal(signal.SIGTERM, _interrupt_once)
+    for conn in inherited:
+        conn.close()
+    if not end_with_parent(signal.SIGTERM, parent):
+        _watch(parent)
+    _release(_HELD)
+
+
+def _interrupt_once(signum, frame) -> None:
+    """A worker's SIGINT and SIGTERM: the first raises KeyboardInterrupt, later ones are let be."""
+    if not _STOPPING:
+        _STOPPING.append(signum)
+        raise KeyboardInterrupt
+
+
+_STOPPING: list[int] = []  # in a worker: the signal that stopped it, once one has
+_HELD = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+def _watch(parent: int) -> None:
+    """Where the kernel cannot tell a worker that its parent ended: a thread that looks twice a
+    second, and stops the worker (SIGTERM, as the kernel would send) once the parent is gone."""
+
+    def run() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=run, name="autocast-onnx-parent-watch", daemon=True).start()
+
+
+@contextmanager
+def _held(signals=_HELD) -> Iterator[None]:
+    """SIGINT and SIGTERM held back while inside (delivered on leaving, where the platform can
+    hold them): around a fork, so a worker never takes one before it can act on it, and while
+    the workers are stopped, so that stopping them is not cut short."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None:
+        yield
+        return
+    before = block(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        block(signal.SIG_SETMASK, before)
+
+
+def _release(signals) -> None:
+    """Let `signals` through again (in a worker: those held back around its fork)."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is not None:
+        block(signal.SIG_UNBLOCK, signals)
 
 
 def _context():
@@ -132,8 +206,8 @@ class _Worker:
 def _in_processes(work, items, jobs, doing, subjects, done) -> list[Outcome]:
     """run_all's worker processes: up to `jobs`, each taking the next item as it finishes one,
     so a worker pays its start once, not per model. A worker that dies without an answer is
-    replaced; its item is an unexpected error. On an interrupt the workers are stopped (they
-    received it too) before it goes on to the caller."""
+    replaced; its item is an unexpected error. On an interrupt (or any other exception here)
+    the workers are stopped (_stop) before it goes on to the caller."""
     ctx = _context()
     # the objects this process holds go to a generation the collector leaves alone: a forked
     # worker's collections then do not touch (and so copy) every page it shares with this one
@@ -144,8 +218,11 @@ def _in_processes(work, items, jobs, doing, subjects, done) -> list[Outcome]:
 
     def start() -> _Worker:
         mine, theirs = ctx.Pipe()
-        process = ctx.Process(target=_worker, args=(theirs, work, items, doing, subjects))
-        process.start()
+        # a forked worker holds copies of this process's ends of every pipe: it closes them
+        inherited = [mine, *(w.conn for w in workers)] if ctx.get_start_method() == "fork" else []
+        process = ctx.Process(target=_worker, args=(theirs, inherited, os.getpid(), work, items, doing, subjects))
+        with _held():
+            process.start()
         theirs.close()
         return _Worker(process, mine)
 
@@ -201,15 +278,24 @@ def _received(worker: _Worker, doing: str, subject) -> Outcome:
     )
 
 
+STOP_SECONDS = 10  # how long stopped workers have to remove their temporaries before SIGKILL
+
+
 def _stop(workers: list) -> None:
-    """Stop the workers: a moment to end on the interrupt they got, then terminate."""
-    deadline = time.monotonic() + 5
-    for worker in workers:
-        worker.process.join(max(0.0, deadline - time.monotonic()))
-        if worker.process.is_alive():
-            worker.process.terminate()
-            worker.process.join()
-        worker.conn.close()
+    """Stop the workers, SIGINT and SIGTERM held back meanwhile: SIGTERM to each (an interrupt in
+    a worker, which removes its temporaries; one already interrupted by Ctrl-C lets it be), up
+    to STOP_SECONDS to end, then SIGKILL."""
+    with _held():
+        for worker in workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
+        deadline = time.monotonic() + STOP_SECONDS
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
 
 
 def worst(outcomes: Sequence[Outcome]) -> int:

@@ -72,9 +72,9 @@ def run_guarded(fn, *, doing: str, subject=None):
     except AutocastError as exc:
         outputs.discard()
         _fail(exc.line(), EXIT_INPUT)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM under run() (Terminated)
         outputs.discard()
-        _fail("interrupted; nothing was written", 130)
+        _fail(f"{_interruption(exc)}; nothing was written", _interrupted_code(exc))
     except BrokenPipeError:
         # the reader of stdout stopped early (`| head`): what it read is all it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -499,7 +499,7 @@ def _progress(label, total):
     if not tty and label.startswith("--target search"):
         return None
     if tty and total >= 2:
-        bar = click.progressbar(length=total, label=label, file=sys.stderr, show_eta=False, show_pos=True)
+        bar = click.progressbar(length=total, label=one_line(label), file=sys.stderr, show_eta=False, show_pos=True)
         bar.__enter__()
 
         class _Bar:
@@ -508,7 +508,7 @@ def _progress(label, total):
 
             def describe(self, text: str) -> None:
                 """Change the label (e.g. the search's best passing set so far)."""
-                bar.label = text
+                bar.label = one_line(text)  # it may name nodes of the model
                 bar.render_progress()
 
             def finish(self):
@@ -1746,12 +1746,12 @@ def explain(model, node, op_type, plan_file, calibration_data, config, verbose, 
             # only the plan is read: no rewrite
             planned = plan_model(model, calibration=measured.calibration, options=plan)
         entries = select(planned.plan)
-        from ..rewrite.provenance import describe, read
+        from ..rewrite.provenance import describe, examine
 
         index: Any = planned.index  # a GraphIndex: the model as planned (its metadata as read)
-        found = read(index.model)
-        if found is not None:  # a converted model says how it was made
-            _echo(describe(model, found))
+        found, unreadable = examine(index.model)
+        if found is not None:  # a converted model says how it was made (warning of what cannot be read)
+            _echo(describe(model, found, unreadable))
         if len(entries) > 1:
             _echo(f"{len(entries)} nodes match")
         for entry in entries:
@@ -1871,8 +1871,9 @@ def main(argv=None) -> None:
         _fail(f"{' '.join(exc.format_message().split())} (see {command} --help)", EXIT_INPUT)
     except click.ClickException as exc:
         _fail(" ".join(exc.format_message().split()), EXIT_INPUT)
-    except click.Abort:
-        _fail("aborted", 130)
+    except click.Abort as exc:  # an interrupt outside a command's body (click makes it Abort)
+        cause = exc.__cause__
+        _fail(_interruption(cause) if isinstance(cause, Terminated) else "aborted", _interrupted_code(cause))
     except Exception as exc:
         if os.environ.get("AUTOCAST_ONNX_DEBUG"):
             traceback.print_exc(file=sys.stderr)
@@ -1893,6 +1894,40 @@ def _outlive(obj) -> None:
         _KEPT_UNTIL_EXIT.append(obj)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, under run(): raised where the process is, as SIGINT raises KeyboardInterrupt, so
+    that a supervisor's stop ends a command as Ctrl-C does (its workers stopped, its temporaries
+    and the outputs it wrote removed), then one line and exit code 143 (128 + SIGTERM)."""
+
+
+def _terminate_as_interrupt() -> None:
+    """Under run(): SIGTERM raises Terminated (once: a second one does not cut short the
+    cleanup of the first). Left alone where signals cannot be set (not the main thread)."""
+    import signal
+
+    raised: list[int] = []
+
+    def raise_terminated(signum, frame) -> None:
+        if not raised:
+            raised.append(signum)
+            raise Terminated
+
+    try:
+        signal.signal(signal.SIGTERM, raise_terminated)
+    except (ValueError, OSError, AttributeError):
+        pass
+
+
+def _interruption(exc: BaseException | None) -> str:
+    """What stopped the command, in words: a SIGTERM, or an interrupt (Ctrl-C)."""
+    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _interrupted_code(exc: BaseException | None) -> int:
+    """The exit code of an interrupted command: 128 + the signal, as a shell reports it."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
 def run() -> None:
     """Console entry point (`autocast-onnx`, `python -m autocast_onnx`): main(), then, once
     stdout and stderr are flushed, an exit that skips freeing every object one by one: the
@@ -1900,6 +1935,7 @@ def run() -> None:
     Every output is complete and closed by then (atomic renames); tests call main()."""
     global _KEPT_UNTIL_EXIT
     _KEPT_UNTIL_EXIT = []
+    _terminate_as_interrupt()
     code: int | str | None = 0
     try:
         main()

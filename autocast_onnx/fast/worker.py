@@ -23,19 +23,21 @@ the encoding (in_file._left_in_file) and the screen each of its own against the 
 
 Forked only where it can pay: Linux, no other thread running (a fork copies only the calling
 thread), a model file of at least MIN_BYTES, and a process of at most MAX_PARENT_BYTES resident
-(a process that holds more would pay a copy of each shared page it then writes to)."""
+(a process that holds more would pay a copy of each shared page it then writes to). It ends with
+the process that forked it, however that ends (filesys.end_with_parent: SIGKILL on Linux)."""
 
 from __future__ import annotations
 
 import gc
 import mmap
 import os
+import signal
 import sys
 import threading
 from array import array
 from pathlib import Path
 
-from ..filesys import identity, write_all
+from ..filesys import end_with_parent, identity, write_all
 from . import wire
 
 MIN_BYTES = 16 * 2**20  # model file bytes below which the fork costs more than it saves
@@ -79,6 +81,7 @@ def fork(path, min_bytes: int | None = None, max_parent_bytes: int | None = None
     # left in the file is smaller than the file; only the pages written take memory
     buffer = mmap.mmap(-1, file_bytes // 2 + mmap.PAGESIZE)
     encoding = mmap.mmap(-1, file_bytes + mmap.PAGESIZE)
+    parent = os.getpid()
     read_fd, write_fd = os.pipe()
     try:
         pid = os.fork()
@@ -91,6 +94,10 @@ def fork(path, min_bytes: int | None = None, max_parent_bytes: int | None = None
     if pid == 0:  # the worker: never returns
         status = 1
         try:
+            # it ends with the process that forked it (SIGKILL, the OOM killer): it writes only
+            # the shared buffers and its pipe, and nothing else would end a walk or screen no
+            # one waits for (or let a batch's parent see its worker's pipe close)
+            end_with_parent(signal.SIGKILL, parent)
             os.close(read_fd)
             gc.disable()  # no cyclic collections: it keeps an object per initializer until it exits
             _run(path, buffer, encoding, write_fd)

@@ -14,7 +14,7 @@ from ..diagnostics import Diagnostic, at_least
 from ..errors import AutocastError
 from ..graph.sanity import load_checked
 from ..patterns import UserPattern
-from ..rewrite.provenance import read as read_provenance
+from ..rewrite.provenance import examine as examine_provenance
 from .catalog import load_checks
 from .checks import KINDS, LintContext, report
 
@@ -65,6 +65,12 @@ class LintResult:
     config_suppression_use: list = field(default_factory=list)  # per options.suppress entry
     # how autocast-onnx converted the model, from its metadata (rewrite/provenance.py); None: no record
     provenance: dict | None = None
+    # what of that record cannot be read, one phrase each (the text report warns of it)
+    provenance_unreadable: list = field(default_factory=list)
+    # what the run could not do or check, of the model as a whole (no finding of a check): the
+    # --opset upgrade's comparison that could not be made, what of the model it could not carry
+    # over; the text and JSON reports list them
+    warnings: list[str] = field(default_factory=list)
 
     def failed(self, fail_on: str) -> bool:
         return any(at_least(d.severity, fail_on) for d in self.diagnostics)
@@ -119,6 +125,40 @@ def unused_config_suppressions(results, options) -> list:
     return out
 
 
+def _upgraded(proto: onnx.ModelProto, given: bool, path: str | None, base, options: LintOptions):
+    """(the model to lint, the plan options to lint it with, the upgrade or None): with --opset,
+    the model upgraded as the conversion would plan it (a copy of a model the caller gave), checked
+    against the original by the upgrade (rewrite/opset.py), and the plan options without the opset."""
+    from ..plan.options import PlanOptions
+
+    plan_options = options.plan
+    if not isinstance(plan_options, PlanOptions) or plan_options.opset is None:
+        return proto, plan_options, None
+    from onnx import TensorProto
+
+    from ..rewrite.opset import upgrade_opset
+
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if given else proto
+    precision = options.precision or plan_options.target.value
+    low = TensorProto.BFLOAT16 if precision == "bf16" else TensorProto.FLOAT16
+    where = path or "<model>"
+    change = upgrade_opset(proto, plan_options.opset, where, runtime=plan_options.runtime, low_type=low, base_dir=base)
+    return proto, replace(plan_options, opset=None), change
+
+
+def _upgrade_findings(warnings, ctx, check, path: str | None) -> list[Diagnostic]:
+    """The upgrade's warnings of an upgraded node the runtime cannot run, as findings of the
+    runtime-kernel check (AC404) on the node, so that suppressions apply to them."""
+    if check.kind != "runtime-kernel" or not warnings:
+        return []
+    named = {n.name: n for n in ctx.index.nodes if n.name}
+    return [
+        report(check, f"--opset upgrade: {w.message}", node=named.get(w.node), model=path)
+        for w in warnings
+        if w.kind == "kernel"
+    ]
+
+
 def lint(model, options: LintOptions | None = None) -> LintResult:
     """Lint a model (path or ModelProto)."""
     options = options or LintOptions()
@@ -127,16 +167,7 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     else:
         loaded = load_checked(model)
         proto, path, base = loaded.model, str(model), Path(model).parent
-    plan_options = options.plan
-    from ..plan.options import PlanOptions
-
-    if isinstance(plan_options, PlanOptions) and plan_options.opset is not None:
-        # --opset: the model linted is the one the conversion would plan, upgraded (a copy)
-        from ..rewrite.opset import upgrade_opset
-
-        proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto is model else proto
-        upgrade_opset(proto, plan_options.opset, path or "<model>")
-        plan_options = replace(plan_options, opset=None)
+    proto, plan_options, upgrade = _upgraded(proto, proto is model, path, base, options)
     ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=plan_options)
     checks = selected(load_checks(), options.select, options.ignore)
     for s in options.suppress:
@@ -149,7 +180,7 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     diagnostics = []
     suppressed = 0
     for check in checks:
-        for diag in KINDS[check.kind](ctx, check):
+        for diag in [*KINDS[check.kind](ctx, check), *_upgrade_findings(_warned(upgrade), ctx, check, path)]:
             hit = next((s for s in suppressions if s.matches(diag)), None)
             if hit is not None:
                 hit.used += 1
@@ -173,6 +204,7 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
         )
     )
     precision = "fp16" if ctx.low == 10 else "bf16"
+    provenance, unreadable = examine_provenance(proto)
     return LintResult(
         model=path,
         mode=ctx.mode,
@@ -181,5 +213,21 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
         checks=[c.code for c in checks],
         suppressed=suppressed,
         config_suppression_use=[s.used for s in suppressions[:n_config]],
-        provenance=read_provenance(proto),
+        provenance=provenance,
+        provenance_unreadable=unreadable,
+        warnings=_model_warnings(upgrade, unreadable),
     )
+
+
+def _warned(upgrade) -> list:
+    """The --opset upgrade's warnings (none without an upgrade)."""
+    return list(upgrade.warnings) if upgrade else []
+
+
+def _model_warnings(upgrade, unreadable: list) -> list[str]:
+    """LintResult.warnings: the upgrade's warnings that are no finding of a node (the kernel ones
+    are AC404 findings), then the provenance record's problems."""
+    said = [f"--opset {upgrade.after}: {w.message}" for w in _warned(upgrade) if w.kind != "kernel"]
+    if unreadable:
+        said.append(f"the provenance record cannot be read ({', '.join(unreadable)})")
+    return said

@@ -81,7 +81,9 @@ def lint_text(results, show_protected: bool = True, colour: bool = False, verbos
         )
         lines.append(one_line(f"{r.model or '<model>'}: {len(r.diagnostics)} finding(s) ({mode})"))
         if r.provenance is not None:
-            lines.append(one_line(describe_provenance(r.model or "<model>", r.provenance)))
+            lines.append(one_line(describe_provenance(r.model or "<model>", r.provenance, r.provenance_unreadable)))
+        # the provenance line says its own problems; the rest of the model's warnings here
+        lines.extend(one_line(f"  warning: {w}") for w in r.warnings if not w.startswith("the provenance record"))
     lines.append(
         f"{len(diagnostics)} finding(s): {sev('error')} {total['error']}, {sev('warning')} {total['warning']}, "
         f"{sev('info')} {total['info']}; {suppressed} suppressed"
@@ -158,6 +160,7 @@ def lint_dict(results) -> dict:
                 "findings": len(r.diagnostics),
                 "suppressed": r.suppressed,
                 "provenance": r.provenance,
+                "warnings": r.warnings,
             }
             for r in results
         ],

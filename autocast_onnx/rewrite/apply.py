@@ -33,13 +33,14 @@ from ..errors import InternalCheckError
 from ..graph import GraphIndex
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
 from ..plan.classify import chunked
-from ..plan.model import PrecisionPlan
+from ..plan.model import PlanWarning, PrecisionPlan
 from ..plan.paint import forced_low_reach
 from ..plan.vocab import PortRole, Precision, required_type
 from .checks import check_container_elements
 from .edit import Names, cast_node, write_nodes
-from .provenance import read as read_provenance
+from .provenance import examine as examine_provenance
 from .provenance import record as record_provenance
+from .provenance import replaced_warning
 
 log = logging.getLogger(__name__)
 _FOLLOW, _FP32 = PortRole.FOLLOW.value, PortRole.FP32.value
@@ -133,7 +134,8 @@ def apply_plan(
       7. `write_nodes`: node lists written back in order with the new casts in place;
       8. `record_provenance`: the model's metadata says how it was made (provenance.py); a model
          that carries a record already keeps it when the passes changed nothing (converting a
-         converted model again changes nothing, its bytes included).
+         converted model again changes nothing, its bytes included), unless the record cannot be
+         read: it is replaced, with a plan warning saying so.
 
     With a `sink` the converted payloads go there as they are produced (PayloadSink: the
     output's external-data file, or held for a save in one piece, which splices them into the
@@ -142,7 +144,9 @@ def apply_plan(
     again."""
     stats = ApplyStats()
     # a converted model converted again: its bytes, to tell whether the passes change anything
-    unchanged = index.model.SerializeToString() if read_provenance(index.model) is not None else None
+    # (a record that cannot be read is replaced whatever they change)
+    found, unreadable = examine_provenance(index.model)
+    unchanged = index.model.SerializeToString() if found is not None and not unreadable else None
     node_type = [_ELEM_TYPE[p] for p in plan.precisions]
     edit = _Edit(index, plan, node_type, stats, Names(index))
     _output_types(edit)
@@ -164,6 +168,8 @@ def apply_plan(
     stats.graphs_sorted = write_nodes(index, edit.head, edit.after)
     if unchanged is None or index.model.SerializeToString() != unchanged:
         record_provenance(index.model, plan)
+    if unreadable and replaced_warning(unreadable) not in (w.message for w in plan.warnings):
+        plan.warnings.append(PlanWarning("provenance", replaced_warning(unreadable)))
     log.debug(
         "apply: %d casts, %d initializers converted, %d copies, %d attributes retargeted",
         stats.casts_added,

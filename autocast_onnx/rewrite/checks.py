@@ -25,7 +25,7 @@ from ..catalog.loader import normalize_domain
 from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR
-from ..io import all_graphs
+from ..io import all_graphs, encoded_size
 
 CHECK_LIMIT = 2**31 - 64 * 2**20
 _ORT_DOMAIN = "com.microsoft"
@@ -48,7 +48,7 @@ def check_result(model: onnx.ModelProto | bytes, full: bool = True) -> None:
     """onnx.checker (with shape/type inference when `full`) on the converted model or its bytes;
     a failure is a CheckerRefusal (the conversion made a model the checker refuses) unless
     the input was at fault (_check_again)."""
-    if isinstance(model, onnx.ModelProto) and model.ByteSize() > CHECK_LIMIT:
+    if isinstance(model, onnx.ModelProto) and encoded_size(model) > CHECK_LIMIT:
         return  # checked from the saved file instead (see convert_file)
     try:
         onnx.checker.check_model(model, full_check=full)

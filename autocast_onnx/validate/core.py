@@ -18,6 +18,7 @@ from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
 from ..graph.sanity import load_checked
+from ..io import PROTOBUF_LIMIT, encoded_size
 from . import generation, runner
 from .emulate import emulation_model, session_as_is
 from .fusion import has_qdq, output_step_notes, quantized_report
@@ -83,7 +84,7 @@ class _Sessions:
 
 def _load(model) -> _Loaded:
     if isinstance(model, onnx.ModelProto):
-        return _Loaded(model, None, model.ByteSize())
+        return _Loaded(model, None, encoded_size(model))
     loaded = load_checked(model)
     size = loaded.file_bytes + sum(os.path.getsize(Path(model).parent / f) for f in loaded.external_files)
     return _Loaded(loaded.model, str(model), size)
@@ -514,7 +515,7 @@ def _hollow_comparison(ref_model, ref_path, conv_model, conv_path, conv_by_op, b
             )
     same_file = ref_path and conv_path and os.path.realpath(ref_path) == os.path.realpath(conv_path)
     if same_file or (
-        ref_model.ByteSize() == conv_model.ByteSize()
+        encoded_size(ref_model) == encoded_size(conv_model) <= PROTOBUF_LIMIT
         and ref_model.SerializeToString() == conv_model.SerializeToString()
     ):
         out.append("the reference and the converted model are the same model: nothing was converted")

@@ -6,16 +6,20 @@ floats from a normal or a given range)."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from ..errors import AutocastError
+from ..io import check_regular, open_regular, write_binary_output
 from . import polygraphy_json
 
 BATCH_HINT = re.compile(r"batch|^n$|^b$", re.I)
@@ -418,9 +422,16 @@ def attention_mask(shape: tuple) -> np.ndarray:
 def _batch_files(path: str | Path) -> list[Path]:
     """The files of --inputs: the file itself, or a folder's *.npz files or its *.json files (Polygraphy's
     per-iteration files), sorted by name. A folder holding both kinds is refused: which batches were meant,
-    and in which order, would be a guess."""
+    and in which order, would be a guess. So is any of them that is not a regular file (a FIFO, a device,
+    a symlink to one: io.check_regular), as the path itself is; each read opens it with io.open_regular."""
     path = Path(path)
-    if path.is_dir():
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        raise AutocastError(
+            "inputs path not found", str(path), "give an .npz file, a Polygraphy .json input file, or a folder of them"
+        ) from None
+    if is_dir:
         archives, lists = sorted(path.glob("*.npz")), sorted(path.glob("*" + polygraphy_json.SUFFIX))
         if archives and lists:
             raise AutocastError(
@@ -434,12 +445,12 @@ def _batch_files(path: str | Path) -> list[Path]:
                 str(path),
                 "add NAME.npz files, one per batch, or Polygraphy's per-iteration .json files",
             )
-        return archives or lists
-    if path.is_file():
-        return [path]
-    raise AutocastError(
-        "inputs path not found", str(path), "give an .npz file, a Polygraphy .json input file, or a folder of them"
-    )
+        files = archives or lists
+    else:
+        files = [path]
+    for f in files:
+        check_regular(f, polygraphy_json.NOT_A_FILE)
+    return files
 
 
 @dataclass(frozen=True)
@@ -515,19 +526,26 @@ class _Member:
 
 def _npz_headers(f: Path, wanted=None) -> dict[str, _Member]:
     """name -> _Member for every array of an .npz, with the .npy headers of the `wanted` arrays
-    (None: all) read (no data is inflated beyond a header)."""
+    (None: all) read (no data is inflated beyond a header). The file must be a regular file
+    (io.open_regular)."""
+    with open_regular(f, polygraphy_json.NOT_A_FILE) as opened:
+        return _archive_headers(opened, str(f), wanted)
+
+
+def _archive_headers(opened: BinaryIO, where: str, wanted) -> dict[str, _Member]:
+    """_npz_headers of the archive open as `opened` (`where` names it in errors)."""
     from numpy.lib import format as npy
 
-    if not zipfile.is_zipfile(f):
+    if not zipfile.is_zipfile(opened):
         raise AutocastError(
             "not an .npz archive",
-            str(f),
+            where,
             "write it with numpy.savez; a Polygraphy JSON input file must be named *.json",
         )
     out: dict[str, _Member] = {}
     name = None
     try:
-        with zipfile.ZipFile(f) as archive:
+        with zipfile.ZipFile(opened) as archive:
             for member in archive.infolist():
                 name = member.filename.removesuffix(".npy")
                 out[name] = _Member(member.file_size)
@@ -544,7 +562,7 @@ def _npz_headers(f: Path, wanted=None) -> dict[str, _Member]:
                     out[name] = _Member(member.file_size, (tuple(shape), np.dtype(dtype)), member.file_size - fh.tell())
     except Exception as exc:
         what = f"cannot read array {name!r} of the .npz" if name in (wanted or out) else "cannot read .npz"
-        raise AutocastError(f"{what}: {' '.join(str(exc).split())}", str(f), "write it with numpy.savez") from None
+        raise AutocastError(f"{what}: {' '.join(str(exc).split())}", where, "write it with numpy.savez") from None
     return out
 
 
@@ -708,11 +726,7 @@ def load_batches(path: str | Path, specs: list[InputSpec]) -> list[dict]:
             batches.extend(_json_batches(f, names, load=True))
             continue
         stacked = _check_headers(f, names)
-        try:
-            with np.load(f, allow_pickle=False) as data:
-                batch = {k: data[k] for k in names}
-        except Exception as exc:
-            raise AutocastError(f"cannot read .npz: {exc}", str(f), "write it with numpy.savez") from None
+        batch = _load_npz(f, names)
         for name, spec in names.items():
             array = batch[name]
             if not isinstance(array, np.ndarray):
@@ -730,11 +744,7 @@ def load_arrays(path: str | Path) -> dict:
     f = Path(path)
     if not polygraphy_json.is_json(f):
         check_archive_size(f)
-        try:
-            with np.load(f, allow_pickle=False) as archive:
-                return {k: archive[k] for k in archive.files}
-        except Exception as exc:
-            raise AutocastError(f"cannot read .npz: {exc}", str(f), "write it with numpy.savez") from None
+        return _load_npz(f, None)
     dicts = polygraphy_json.read_feed_dicts(f)
     if len(dicts) > 1:
         raise AutocastError(
@@ -747,6 +757,17 @@ def load_arrays(path: str | Path) -> dict:
     members = {name: _Member(len(a.npy), (a.shape, a.dtype), a.data_bytes) for name, a in arrays.items()}
     _check_inflated_size(where, members, {}, _JSON)
     return {name: a.load(where) for name, a in arrays.items()}
+
+
+def _load_npz(f: Path, names) -> dict:
+    """The arrays of `names` (None: all) of the .npz `f`, opened with io.open_regular (a file
+    swapped for a FIFO or a device since its headers were read is refused, not read)."""
+    with open_regular(f, polygraphy_json.NOT_A_FILE) as opened:
+        try:
+            with np.load(opened, allow_pickle=False) as archive:
+                return {k: archive[k] for k in (archive.files if names is None else names)}
+        except Exception as exc:
+            raise AutocastError(f"cannot read .npz: {exc}", str(f), "write it with numpy.savez") from None
 
 
 def save_batch(path: str | Path, feeds: dict) -> None:
@@ -770,38 +791,19 @@ def save_batches(path: str | Path, batches: list[dict]) -> None:
     """Write --save-inputs: every batch as Polygraphy's JSON input file (a list of feed dicts,
     which `polygraphy run --load-inputs` and --inputs read) when `path` ends in .json, else the
     one batch as an .npz archive, one array per input named like it (validation's precheck holds
-    an .npz to one batch). Both hold arrays only: a sequence input is refused. Written atomically."""
+    an .npz to one batch). Both hold arrays only: a sequence input is refused. Written as every
+    output is (io.write_binary_output): atomically, or in place into a FIFO or character device
+    (never replaced); a path ending in '/', a folder, a block device or a socket is refused."""
     json_file = polygraphy_json.is_json(path)
     refuse_saving_sequences(
         [name for feeds in batches for name, value in feeds.items() if isinstance(value, SequenceFeed)], path
     )
-    import os
-    import tempfile
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            if json_file:
-                fh.write(polygraphy_json.encode(batches).encode())
-            else:
-                arrays: dict = {name: np.asarray(value) for name, value in batches[0].items()}
-                np.savez(fh, **arrays)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise AutocastError(f"cannot write file: {exc.strerror or exc}", str(path), "check permissions") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    if json_file:
+        encoded = polygraphy_json.encode(batches).encode()
+        write_binary_output(path, lambda fh: fh.write(encoded), "--save-inputs")
+        return
+    arrays: dict = {name: np.asarray(value) for name, value in batches[0].items()}
+    write_binary_output(path, lambda fh: np.savez(fh, **arrays), "--save-inputs")
 
 
 def describe_batch(feeds: dict, limit: int = 6) -> str:

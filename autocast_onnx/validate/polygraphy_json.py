@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AutocastError
+from ..io import open_regular
 
 SUFFIX = ".json"
 TYPE_KEY = "polygraphy_class"  # Polygraphy's constants.TYPE_MARKER
@@ -40,6 +41,8 @@ NPY_MAGIC = b"\x93NUMPY"
 # Polygraphy itself advises a folder of per-iteration files for large data.
 FILE_LIMIT = 3 * 2**30
 WRITER = "polygraphy run MODEL --onnxrt --save-inputs FILE.json"
+# what to do about an input file (given, or in an inputs folder) that is not a regular file
+NOT_A_FILE = "save the inputs to a regular file and give that; they are never read from a FIFO or a device"
 
 
 def is_json(path: str | os.PathLike) -> bool:
@@ -78,19 +81,12 @@ class EncodedArray:
 
 def read_feed_dicts(f: Path) -> list[dict]:
     """The feed dicts of one file, each a dict of input name -> its encoded entry (not decoded):
-    a JSON list of feed dicts, or one feed dict. Refuses a file over FILE_LIMIT, text that is not
-    JSON, a name given twice in one feed dict, an empty list and anything that is not a feed dict."""
+    a JSON list of feed dicts, or one feed dict. Refuses what is not a regular file (a FIFO, a
+    device, a symlink to one: io.open_regular), a file over FILE_LIMIT, text that is not JSON, a
+    name given twice in one feed dict, an empty list and anything that is not a feed dict."""
     where = str(f)
     try:
-        size = f.stat().st_size
-        if size > FILE_LIMIT:
-            raise AutocastError(
-                f"the JSON input file takes {size / 2**30:.3g} GiB, over the {FILE_LIMIT / 2**30:.3g} GiB "
-                "a file may take (it is read whole)",
-                where,
-                "save the inputs to a folder of per-iteration files: polygraphy run --save-inputs FOLDER",
-            )
-        text = f.read_text(encoding="utf-8")
+        text = _read_limited(f).decode("utf-8")
     except OSError as exc:
         raise AutocastError(
             f"cannot read file: {exc.strerror or exc}", where, "check the path and permissions"
@@ -122,6 +118,22 @@ def read_feed_dicts(f: Path) -> list[dict]:
                 f"write it with {WRITER}",
             )
     return dicts
+
+
+def _read_limited(f: Path) -> bytes:
+    """The bytes of the regular file `f`, refused (before they are read) when there are more than
+    FILE_LIMIT of them: by its size, and by what it gives (it may grow while it is read)."""
+    with open_regular(f, NOT_A_FILE) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        data = fh.read(FILE_LIMIT + 1) if size <= FILE_LIMIT else b""
+    if size > FILE_LIMIT or len(data) > FILE_LIMIT:
+        raise AutocastError(
+            f"the JSON input file takes {max(size, len(data)) / 2**30:.3g} GiB, over the "
+            f"{FILE_LIMIT / 2**30:.3g} GiB a file may take (it is read whole)",
+            str(f),
+            "save the inputs to a folder of per-iteration files: polygraphy run --save-inputs FOLDER",
+        )
+    return data
 
 
 class _DuplicateKey(ValueError):
