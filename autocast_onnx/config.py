@@ -114,7 +114,7 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
     elif norm == "runtime":
         if not isinstance(value, str) or value not in ("cuda", "tensorrt", "dml", "any"):
             raise AutocastError(f"{key} must be cuda, tensorrt, dml or any, not {shown(value)}", where, "fix the value")
-    elif norm == "keep_io_types":
+    elif norm in ("keep_io_types", "precise"):
         if not isinstance(value, bool):
             raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")
     elif norm == "low_precision_io":

@@ -285,8 +285,9 @@ def plan_model(
                 index = _index(loaded, where)
         with _stage("plan"):
             low_io = _low_precision_io(index, selection.low_precision_io, training, where)
-            work = _work(index, tensor_shapes(loaded.model))
-            plan = _fresh_plan(index, selection, target, keep_io_types, training, work, low_io, None, where)
+            shapes = tensor_shapes(loaded.model)
+            work = _work(index, shapes)
+            plan = _fresh_plan(index, selection, target, keep_io_types, training, work, low_io, None, where, shapes)
     with _stage("record training"):
         # the loss scaling's record names what its rewrite adds: made on this copy, after the plan
         scaling = unscale_gradients(loaded.model, training, scale) if scale is not None and training else None
@@ -446,6 +447,7 @@ class _Selection:
     strict: bool
     low_precision_io: str | None
     runtime: str | None = None  # --runtime: keep fp32 what that runtime has no low-precision kernel for
+    precise: bool = False  # --precise: no fast plan (plan/kernel_io.py)
 
 
 @dataclass
@@ -526,7 +528,18 @@ def _convert_loaded(
                 work = _work(index, shapes)
                 if selection is not None:
                     _screened(screen, loaded, index, converted)
-                    planned = (index, selection, target, keep_io_types, training, work, low_io, converted, where)
+                    planned = (
+                        index,
+                        selection,
+                        target,
+                        keep_io_types,
+                        training,
+                        work,
+                        low_io,
+                        converted,
+                        where,
+                        shapes,
+                    )
                     plan = _fresh_plan(*planned)
                 else:
                     check_plan_fits(plan, index)
@@ -640,6 +653,7 @@ def _read_selection(options: PlanOptions, calibration, force_fp32) -> _Selection
         strict=options.strict,
         low_precision_io=options.low_precision_io,
         runtime=options.runtime,
+        precise=bool(options.precise),
     )
 
 
@@ -698,9 +712,9 @@ def _screened(screen: WeightScreen | None, loaded: LoadedModel, index, converted
             converted[id(values[name].initializer)] = payload
 
 
-def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, work, low_io, converted, where):
+def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, work, low_io, converted, where, shapes):
     """Classify every node and paint the precision plan (with --strict, a selector that matches
-    no node is an error)."""
+    no node is an error); `shapes` (graph/shapes.py, None when not inferred) sizes the reasons."""
     head = training is None or not training.has_backward
     macs = {index.nodes[i].outputs[0].name: m for i, m in work} if work is not None else None
     classification = classify(
@@ -731,10 +745,14 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
         selection.rule_set.files,
         order=global_order(index),
         low_precision_io=low_names,
+        runtime=selection.runtime,
+        shapes=shapes,
+        fast=not selection.precise and head,  # a training graph's backward reads the forward's tensors: precise
     )
     plan.rule_sha256 = list(selection.rule_set.digests)  # the provenance record names them (rewrite/provenance.py)
     plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_notes)
     plan.runtime = selection.runtime if selection.runtime not in (None, "any") else None
+    plan.kernels = selection.runtime or "cuda"  # whose kernels pass 6 counted on (None: the design's)
     if Seed.ALLOW in classification.seeds:  # a node forced low may read an out-of-range constant
         clamp_forced_constants(index, plan, direct=False)
     warn_little_conversion(index, plan, work)  # most of the MatMul/Gemm/Conv work left fp32

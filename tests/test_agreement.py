@@ -13,7 +13,7 @@ from pathlib import Path
 import helpers as H
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import autocast_onnx
 from autocast_onnx.dtypes import FLOAT16, round_trip
@@ -74,7 +74,9 @@ def test_lint_passes_what_convert_produced_from_a_quantized_model(name, opset, p
 FILLS = [float("-inf"), -3.4028235e38, -1e9, -65504.0, -1e4]
 
 
-def masked_scores(fill: float) -> tuple:
+def masked_scores(fill: float, shared: bool = False) -> tuple:
+    """The decoder attention above. With `shared` the padding mask is also a model output, so it
+    is not only a mask (no sentinel, plan/masks.py) and the data rules judge its readers."""
     rng = np.random.default_rng(0)
     padding = np.zeros((1, 1, 1, 6), np.float32)
     padding[..., 4:] = fill
@@ -86,6 +88,10 @@ def masked_scores(fill: float) -> tuple:
         helper.make_node("Softmax", ["s2"], ["probs"], name="softmax", axis=-1),
         helper.make_node("MatMul", ["probs", "v"], ["y"], name="pv"),
     ]
+    outputs = [H.tensor("y", H.F32, [1, 2, 6, 8])]
+    if shared:
+        nodes.append(helper.make_node("Identity", ["padding"], ["padding_out"], name="padding_copy"))
+        outputs.append(H.tensor("padding_out", H.F32, [1, 1, 1, 6]))
     inits = [
         H.init("kt", rng.standard_normal((1, 2, 8, 6)).astype(np.float32)),
         H.init("v", rng.standard_normal((1, 2, 6, 8)).astype(np.float32)),
@@ -96,7 +102,7 @@ def masked_scores(fill: float) -> tuple:
     m = H.model(
         nodes,
         [H.tensor("q", H.F32, [1, 2, 6, 8]), H.tensor("causal", TensorProto.BOOL, [1, 1, 6, 6])],
-        [H.tensor("y", H.F32, [1, 2, 6, 8])],
+        outputs,
         inits,
     )
     causal = ~np.tril(np.ones((6, 6), bool))[None, None]
@@ -111,21 +117,35 @@ def test_masks_lint_clean_after_a_default_conversion(fill, precision):
     assert errors_after_default_conversion(m, precision) == []
 
 
-def test_a_mask_with_no_headroom_keeps_its_additions_fp32():
-    # -65504 is exact in fp16, but -65504 + -65504 is -inf there: both mask additions stay fp32.
+def test_a_mask_with_no_headroom_that_is_more_than_a_mask_keeps_its_addition_fp32():
+    # -65504 is exact in fp16, but -65504 + -65504 is -inf there: where the padding mask is more
+    # than a mask (also a model output) its addition stays fp32. The causal fill, now the one
+    # sentinel on the way to the softmax, takes -49152 and its addition runs fp16.
     # -inf is -inf in fp16 as well, so its additions may run in fp16.
-    edge = H.convert(masked_scores(-65504.0)[0])
-    assert H.planned(edge, "add_causal") == "fp32" and H.planned(edge, "add_padding") == "fp32"
+    edge = H.convert(masked_scores(-65504.0, shared=True)[0])
+    assert H.planned(edge, "add_causal") == "fp16" and H.planned(edge, "add_padding") == "fp32"
+    assert edge.plan.mask_sentinels == {"fill": -49152.0}
     reasons = " ".join(r.message for e in edge.plan.nodes if e.name == "add_padding" for r in e.reasons)
     assert "land on the largest finite fp16 value" in reasons
     infinite = H.convert(masked_scores(float("-inf"))[0])
     assert H.planned(infinite, "add_padding") == "fp16"
 
 
+def test_a_mask_with_no_headroom_that_only_masks_takes_the_halved_sentinel():
+    # The same -65504 masks, read only on the way to the softmax: both are sentinels reaching it
+    # by two paths, so each takes -49152 / 2 and their sum (-49152) stays finite in fp16.
+    result = H.convert(masked_scores(-65504.0)[0])
+    assert H.planned(result, "add_causal") == "fp16" and H.planned(result, "add_padding") == "fp16"
+    assert result.plan.mask_sentinels == {"fill": -24576.0, "padding": -24576.0}
+    padding = next(i for i in result.model.graph.initializer if i.name == "padding")
+    assert sorted(set(numpy_helper.to_array(padding).astype(np.float32).ravel())) == [-24576.0, 0.0]
+    assert result.stats.sentinel_values == 2
+
+
 def test_the_linter_reports_what_the_converter_protects():
     # The same judgement from the other side: forced into fp16 against the rules, the -65504 mask is
     # reported by the lint, and the default conversion of the same model is clean.
-    forced = autocast_onnx.convert(masked_scores(-65504.0)[0], include_nodes=["^add_"]).model
+    forced = autocast_onnx.convert(masked_scores(-65504.0, shared=True)[0], include_nodes=["^add_"]).model
     codes = {d.code for d in lint(forced, LintOptions()).diagnostics if d.severity == "error"}
     assert "AC203" in codes
 

@@ -164,7 +164,7 @@ def test_the_derivation_sees_a_missing_keyword():
     """The comparison above fails when the two sides differ (here: lint without `ignore`)."""
 
     def lint(*models, select=(), fail_on="error", precision=None, rules=(), exclude_ops=(), include_ops=(),
-             exclude_nodes=(), include_nodes=(), opset=None, runtime=None):  # fmt: skip
+             exclude_nodes=(), include_nodes=(), opset=None, runtime=None, precise=None):  # fmt: skip
         raise AssertionError("not called")
 
     cli = {RENAMED.get(name, name) for name in cli_params("lint") - set(CLI_ONLY["lint"])}

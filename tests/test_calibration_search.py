@@ -205,5 +205,10 @@ def test_search_on_the_trained_text_detector_keeps_a_small_share_fp32():
     assert log["evaluations"] <= search_module_budget() + 3
     result = autocast_onnx.convert(m, force_fp32=forced)
     fp32 = sum(1 for p in result.plan.precisions if p == "fp32")
-    assert fp32 <= 0.2 * len(m.graph.node), fp32
+    # 8 nodes forced (17 fp32) when Conv's bias was emulated in one rounding; emulated as ONNX
+    # Runtime's CUDA Conv adds it (a second fp16 rounding, validate/emulate_steps.py) and with the
+    # BatchNormalization parameters in fp16 (plan/batchnorm.py), this model's output error is no
+    # longer monotone in the set kept fp32 and the search ends at its budget with about a quarter
+    # of the nodes fp32 (61 of 234): still well short of all of them.
+    assert fp32 <= 0.3 * len(m.graph.node), fp32
     assert _Evaluator(m, data, {"precision": "fp16"}, target, "cpu").passes(forced)[0]

@@ -225,20 +225,26 @@ def test_resize_scales_and_roi_stay_float(precision, opset, keep_io):
 # =========================================================================================
 # 4. Data rules: constants out of the low-precision range, constants that flush to zero
 # =========================================================================================
-def attention_mask_model():
+def attention_mask_model(scale_after_mask=False):
+    """Scores + mask (-1e9 in the last column) -> Softmax. With `scale_after_mask` the masked scores
+    are divided by 2 before the Softmax: the mask then reaches a Div, not only a Softmax input, so
+    it is no attention-mask sentinel (plan/masks.py) and the data rules judge it as any constant."""
     mask = np.zeros([2, 4], np.float32)
     mask[:, 3] = -1e9
+    scaled = "[attn_scale] scaled = Div(masked, two)" if scale_after_mask else ""
     return parse(
-        """
-        masked_attention (float[2,4] x) => (float[2,4] y) {
+        f"""
+        masked_attention (float[2,4] x) => (float[2,4] y) {{
             [attn_scores] s = MatMul(x, Wk)
             [mask_add] masked = Add(s, mask)
-            [attn_softmax] p = Softmax <axis = -1> (masked)
+            {scaled}
+            [attn_softmax] p = Softmax <axis = -1> ({"scaled" if scale_after_mask else "masked"})
             [attn_out] y = MatMul(p, Wv)
-        }""",
+        }}""",
         Wk=randn([4, 4], 110),
         mask=mask,
         Wv=randn([4, 4], 111),
+        **({"two": np.array(2.0, np.float32)} if scale_after_mask else {}),
     )
 
 
@@ -256,9 +262,63 @@ def epsilon_model():
     )
 
 
-def test_attention_mask_out_of_range_stays_fp32(precision):
+def emulated_close(m, out, feeds, precision):
+    """The converted model's outputs with its fp16/bf16 numerics emulated (validate's way) match the
+    fp32 model's within the low type's tolerance (case_helpers.assert_close)."""
+    from validate_helpers import run_emulated
+
+    from autocast_onnx.validate.emulate import emulation_model
+
+    ref = H.run(m, feeds)
+    got = run_emulated(emulation_model(out), feeds)
+    assert len(got) == len(ref)
+    for a, e in zip(got, ref):
+        C.assert_close(a, e, precision)
+
+
+def test_attention_mask_out_of_range_is_a_mask_sentinel(precision):
+    """By default the -1e9 mask, which reaches only the Softmax, is an attention-mask sentinel: in
+    fp16, whose range it is beyond, it becomes -49152 (plan/masks.py) and the mask Add runs low with
+    the scores, instead of staying fp32 (data-range); the Softmax between fp16 scores and an fp16
+    MatMul runs at fp16 too, its CUDA kernel computing in fp32 (kernel-fp32)."""
     m = attention_mask_model()
     result, out = convert_and_check(m, precision=precision)
+    for name in ("attn_scores", "mask_add", "attn_softmax", "attn_out"):
+        assert C.entry(result, name).precision == precision, name
+    softmax = C.entry(result, "attn_softmax").reasons[-1]
+    assert (
+        softmax.code == "kernel-fp32"
+        and "Softmax kernel computes in fp32 and rounds its outputs once" in softmax.message
+    )
+    assert "data-range" not in C.reason_codes(result, "mask_add")
+    assert "data-range" not in C.warning_codes(result)
+    mask = C.initializer(out.graph, "mask")
+    assert mask.data_type == C.TARGET[precision]
+    np.testing.assert_array_equal(C.as_float(mask)[:, :3], 0.0)
+    if precision == "fp16":
+        (why,) = [r for r in C.entry(result, "mask_add").reasons if r.code == "mask-sentinel"]
+        assert why.value == pytest.approx(1e9)
+        assert "attention-mask sentinel 'mask'" in why.message and "reach only 1 Softmax input(s)" in why.message
+        assert "they become -49152" in why.message
+        assert result.plan.mask_sentinels == {"mask": -49152.0}
+        np.testing.assert_array_equal(C.as_float(mask)[:, 3], -49152.0)
+        assert result.stats.sentinel_values == 2 and result.stats.clamped_values == 0
+    else:
+        # -1e9 is well inside bf16's range: no sentinel, the mask is converted as it is
+        assert "mask-sentinel" not in C.reason_codes(result, "mask_add")
+        assert result.plan.mask_sentinels == {}
+        np.testing.assert_allclose(C.as_float(mask)[:, 3], -1e9, rtol=2**-8)
+    assert result.stats.casts_added == 2  # x in, y out: none around the mask Add or the Softmax
+    feeds = {"x": randn([2, 4], 112)}
+    C.compare_runs(m, out, feeds, precision)
+    emulated_close(m, out, feeds, precision)
+
+
+def test_attention_mask_out_of_range_stays_fp32(precision):
+    """A -1e9 mask that is no sentinel (it reaches a Div on its way to the Softmax), planned for no
+    particular runtime (the Softmax kept fp32): the data rule keeps the fp16 mask Add fp32."""
+    m = attention_mask_model(scale_after_mask=True)
+    result, out = convert_and_check(m, precision=precision, runtime="any")
     assert C.entry(result, "attn_scores").precision == precision
     assert C.entry(result, "attn_softmax").precision == "fp32"
     assert C.entry(result, "attn_out").precision == precision
@@ -273,6 +333,7 @@ def test_attention_mask_out_of_range_stays_fp32(precision):
     else:
         # -1e9 is well inside bf16's range: nothing to keep fp32 for
         assert "data-range" not in C.reason_codes(result, "mask_add")
+    assert result.plan.mask_sentinels == {}
     C.compare_runs(m, out, {"x": randn([2, 4], 112)}, precision)
 
 
@@ -294,8 +355,10 @@ def test_tiny_epsilon_keeps_add_fp32(precision):
 
 
 def test_forced_low_mask_add_warns_and_clamps():
-    m = attention_mask_model()
-    result, out = convert_and_check(m, precision="fp16", include_nodes=["^mask_add$"])
+    # a mask that is no sentinel (it reaches a Div), for no particular runtime: the clamp of a constant
+    # that a forced node converts (a sentinel would take -49152 instead, plan/masks.py)
+    m = attention_mask_model(scale_after_mask=True)
+    result, out = convert_and_check(m, precision="fp16", include_nodes=["^mask_add$"], runtime="any")
     assert C.entry(result, "mask_add").precision == "fp16"
     codes = C.reason_codes(result, "mask_add")
     assert "cli-include" in codes and "data-range" in codes

@@ -49,7 +49,9 @@ def warning_codes(result):
 B, S, D = 3, 4, 8
 
 
-def masked_attention():
+def masked_attention(shared=False):
+    """scores + mask + mask -> Softmax. With `shared` the mask is also a model output, so it is
+    more than a mask (no sentinel, plan/masks.py) and the data rules keep its readers fp32."""
     mask = np.zeros((B, 1, S), np.float32)
     mask[1, :, 2:] = -1e9  # batch 1: padded after 2 tokens
     mask[2] = -1e9  # batch 2: fully masked
@@ -60,10 +62,14 @@ def masked_attention():
         helper.make_node("Softmax", ["masked2"], ["probs"], axis=-1, name="softmax"),
         helper.make_node("MatMul", ["probs", "v"], ["out"], name="pv"),
     ]
+    outputs = [tensor("out", F32, [B, S, D])]
+    if shared:
+        nodes.append(helper.make_node("Identity", ["mask"], ["mask_out"], name="mask_copy"))
+        outputs.append(tensor("mask_out", F32, [B, 1, S]))
     m = model(
         nodes,
         [tensor("q", F32, [B, S, D]), tensor("kt", F32, [B, D, S]), tensor("v", F32, [B, S, D])],
-        [tensor("out", F32, [B, S, D])],
+        outputs,
         [init("mask", mask)],
     )
     check(m)
@@ -79,17 +85,34 @@ def attention_feeds(seed=0):
     }
 
 
-def test_attention_mask_default_conversion_keeps_the_mask_adds_fp32():
-    result = convert(masked_attention())
+def test_attention_mask_default_conversion_keeps_the_adds_of_a_shared_mask_fp32():
+    result = convert(masked_attention(shared=True))
     p = precisions(result)
     assert p["mask_add1"] == "fp32" and p["mask_add2"] == "fp32"
     # and then the conversion is safe: emulation finds nothing
-    report = check_validate(masked_attention(), result.model)
+    report = check_validate(masked_attention(shared=True), result.model)
     assert report["passed"], report["outputs"]
 
 
-def test_attention_mask_forced_low_gives_nan_in_the_fully_masked_row():
+def test_attention_mask_that_only_masks_runs_low_with_the_halved_sentinel():
+    """The -1e9 mask added twice on the way to the softmax and read by nothing else: it takes
+    -49152 / 2, both Adds and the Softmax run fp16, and emulation finds the fully masked row
+    finite and uniform as in fp32."""
     m = masked_attention()
+    result = convert(m)
+    p = precisions(result)
+    assert p["mask_add1"] == "fp16" and p["mask_add2"] == "fp16" and p["softmax"] == "fp16"
+    assert result.plan.mask_sentinels == {"mask": -24576.0} and result.stats.clamped_values == 0
+    report = check_validate(m, result.model)
+    assert report["passed"], report["outputs"]
+    feeds = attention_feeds()
+    emu, ref = run_emulated(emulate(result.model), feeds)[0], run(m, feeds)[0]
+    assert nonfinite(emu) == 0
+    np.testing.assert_allclose(emu[2], ref[2], rtol=0, atol=1e-2 * np.abs(ref[2]).max())
+
+
+def test_attention_mask_forced_low_gives_nan_in_the_fully_masked_row():
+    m = masked_attention(shared=True)
     result = convert(m, include_nodes=["^mask_add"])
     p = precisions(result)
     assert p["mask_add1"] == "fp16" and p["mask_add2"] == "fp16"

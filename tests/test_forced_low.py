@@ -3,7 +3,11 @@ edited to put Softmax in fp16) next to an out-of-range mask fill. The mask's ari
 (the data rules), so the -3.4e38 fill reaches the forced fp16 Softmax through an fp32 Add and the
 Cast the rewrite puts in front of it, where it used to become -inf: a fully masked row was NaN,
 with no warning. Now the plan warns, naming the constant and the node, and the rewrite clips the
-tensor to the finite fp16 range before that Cast: ONNX Runtime finds no NaN."""
+tensor to the finite fp16 range before that Cast: ONNX Runtime finds no NaN.
+
+A fill that only masks is retargeted to a finite fp16 sentinel instead, and the mask then runs
+low (plan/masks.py; the last test here, and tests/test_mask_sentinels.py); so the forced-low
+cases use a fill that is also a model output (`shared`), which keeps its readers fp32."""
 
 from __future__ import annotations
 
@@ -14,22 +18,27 @@ from onnx import helper, numpy_helper
 
 import autocast_onnx
 from autocast_onnx.plan.model import PrecisionPlan
+from autocast_onnx.validate.emulate import emulation_model
 
 LOWEST = np.float32(-3.4028235e38)
 
 
-def _masked_softmax(fill=LOWEST):
-    """BERT's extended attention mask: (1 - attention_mask) * fill, added to the scores."""
+def _masked_softmax(fill=LOWEST, shared=False):
+    """BERT's extended attention mask: (1 - attention_mask) * fill, added to the scores. With
+    `shared` the mask bias is also a model output, so the fill is not only a mask (no sentinel:
+    plan/masks.py) and its readers stay fp32 by the data rules."""
+    extra_out, extra_node = (", float[2,1,4] bias_out", "[bias_copy] bias_out = Identity(bias)") if shared else ("", "")
     return parse(
-        """
-        g (float[2,4,8] q, float[2,4] attention_mask) => (float[2,4,4] y) {
+        f"""
+        g (float[2,4,8] q, float[2,4] attention_mask) => (float[2,4,4] y{extra_out}) {{
             [qk] s = MatMul(q, k)
             [mask_sub] inv = Sub(one, attention_mask)
             [mask_unsqueeze] inv3 = Unsqueeze(inv, axes)
             [mask_mul] bias = Mul(inv3, fill)
             [mask_add] masked = Add(s, bias)
             ["attn/Softmax"] y = Softmax<axis = -1>(masked)
-        }""",
+            {extra_node}
+        }}""",
         k=randn([8, 4], 1, 0.3),
         one=np.array(1.0, np.float32),
         axes=np.array([1], np.int64),
@@ -52,8 +61,8 @@ def _clamp_warnings(result):
     return [w for w in result.plan.warnings if w.code == "data-range" and "'fill'" in w.message]
 
 
-def test_the_reference_has_no_nan_and_the_default_conversion_keeps_the_mask_fp32():
-    model = _masked_softmax()
+def test_the_reference_has_no_nan_and_the_default_conversion_keeps_a_shared_mask_fp32():
+    model = _masked_softmax(shared=True)
     assert _nan(model) == 0
     result = autocast_onnx.convert(model)
     assert planned(result, "attn/Softmax") == "fp32" and planned(result, "mask_add") == "fp32"
@@ -62,7 +71,7 @@ def test_the_reference_has_no_nan_and_the_default_conversion_keeps_the_mask_fp32
 
 
 def test_include_node_softmax_clips_the_mask_before_the_cast_and_warns():
-    result = autocast_onnx.convert(_masked_softmax(), include_nodes=["Softmax$"])
+    result = autocast_onnx.convert(_masked_softmax(shared=True), include_nodes=["Softmax$"])
     assert planned(result, "attn/Softmax") == "fp16" and planned(result, "mask_add") == "fp32"
     assert _nan(result.model) == 0  # was 4: the fully masked row
     (warning,) = _clamp_warnings(result)
@@ -79,7 +88,7 @@ def test_include_node_softmax_clips_the_mask_before_the_cast_and_warns():
 @pytest.mark.parametrize("opset", [10, 13])
 def test_the_clip_takes_its_bounds_as_the_opset_requires(opset):
     """Clip's bounds are attributes before opset 11, inputs from it."""
-    model = _masked_softmax()
+    model = _masked_softmax(shared=True)
     model.opset_import[0].version = opset
     if opset < 13:  # Unsqueeze takes its axes as an attribute before opset 13, Softmax no -1 axis before 11
         unsqueeze = next(n for n in model.graph.node if n.op_type == "Unsqueeze")
@@ -94,7 +103,7 @@ def test_the_clip_takes_its_bounds_as_the_opset_requires(opset):
 
 
 def test_a_replayed_plan_edited_to_put_softmax_low_is_clipped_too(tmp_path):
-    model = _masked_softmax()
+    model = _masked_softmax(shared=True)
     plan = autocast_onnx.convert(model).plan
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -142,3 +151,21 @@ def test_a_replayed_plan_that_puts_a_reader_of_the_fill_low_clamps_its_copy(tmp_
     assert warning.node == "mask_mul" and "clamped to ±65504" in warning.message
     fills = [t for t in result.model.graph.initializer if t.name.startswith("fill") and t.data_type == 10]
     assert fills and all(np.isfinite(numpy_helper.to_array(t)).all() for t in fills)
+
+
+def test_the_default_conversion_retargets_a_fill_that_only_masks_and_runs_the_add_low():
+    """The -3.4e38 fill becomes a finite fp16 sentinel (no data-range warning), the mask Add runs
+    fp16, and the fp32 mask bias is clipped from the sentinel up before its Cast (so a mask input
+    outside 0/1 cannot overflow either). Under fp16 emulation the fully masked row is uniform, as
+    in fp32 (the CPU provider would compute the Add in fp32 and keep the scores' differences)."""
+    model = _masked_softmax()
+    result = autocast_onnx.convert(model)
+    assert planned(result, "mask_add") == "fp16"
+    assert result.plan.mask_sentinels == {"fill": -49152.0} and not _clamp_warnings(result)
+    (clip,) = [n for n in result.model.graph.node if n.op_type == "Clip"]
+    low = next(i for i in result.model.graph.initializer if i.name == clip.input[1])
+    assert clip.input[0] == "bias" and float(numpy_helper.to_array(low)) == -49152.0
+    probs = run(emulation_model(result.model), _feeds())[0]
+    assert not np.isnan(probs).any()
+    np.testing.assert_allclose(probs[1], 0.25, atol=1e-3)
+    np.testing.assert_allclose(probs[0], run(model, _feeds())[0][0], atol=2e-3)

@@ -21,6 +21,7 @@ import autocast_onnx
 from autocast_onnx.errors import AutocastError
 from autocast_onnx.lint import LintOptions, lint
 from autocast_onnx.lint.engine import METADATA_KEY, Suppression
+from autocast_onnx.plan.options import PlanOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = sorted((ROOT / "examples" / "models").glob("*.onnx"))
@@ -76,8 +77,8 @@ OP_FAMILY = [
         "BatchNormalization",
         "",
         (2, 8),
-        {},
-        (("scale", np.ones(8)), ("bias", np.zeros(8)), ("mean", np.zeros(8)), ("var", np.ones(8))),
+        {"epsilon": 1e-9},  # a variance stored as 0 beside a tiny epsilon: it flushed (plan/batchnorm.py)
+        (("scale", np.ones(8)), ("bias", np.zeros(8)), ("mean", np.zeros(8)), ("var", np.zeros(8))),
     ),
     ("AC102", "InstanceNormalization", "", (2, 8, 4), {}, (("scale", np.ones(8)), ("bias", np.zeros(8)))),
     ("AC103", "ReduceSum", "", (2, 8), {"keepdims": 1}, ()),
@@ -600,10 +601,12 @@ def test_full_selection_on_a_naive_fp16_attention():
 
 
 def test_full_selection_on_a_well_converted_attention_is_clean():
+    # Clean of every hazard; the one finding is AC305 (info): the Cast after the fp16 score MatMul
+    # splits MatMul -> scalar Mul, which ONNX Runtime's CUDA provider fuses into FusedMatMul.
     result = lint(L.attention(-3.4028235e38, "fp32-softmax"))
     assert result.mode == "actual"
-    assert result.diagnostics == []
-    assert not result.failed("info")
+    assert [(d.code, d.node) for d in result.diagnostics] == [("AC305", "attn/scores_cast")]
+    assert not result.failed("warning")
 
 
 def test_full_selection_on_a_naive_decomposed_layernorm():
@@ -621,13 +624,22 @@ def test_full_selection_on_a_naive_decomposed_layernorm():
 
 
 # ---- prospective mode (pure fp32 models) -------------------------------------------------
+ANY_RUNTIME = PlanOptions(runtime="any")  # lint counts on no runtime's kernels: AC101-AC104 as before issue 37
+
+
 @pytest.fixture(scope="module")
 def bert_prospective():
     return lint(str(BERT))
 
 
-def test_prospective_bert_tiny_findings_are_protected(bert_prospective):
-    result = bert_prospective
+@pytest.fixture(scope="module")
+def bert_prospective_any_runtime():
+    return lint(str(BERT), LintOptions(plan=ANY_RUNTIME))
+
+
+def _check_prospective_bert(result):
+    """What every prospective lint of bert_tiny says, whichever runtime it counts on: every finding
+    protected, the mask and epsilon findings. Returns a picker of findings by code and op type."""
     assert result.mode == "prospective"
     assert result.precision == "fp16"
     assert result.model == str(BERT)
@@ -645,16 +657,38 @@ def test_prospective_bert_tiny_findings_are_protected(bert_prospective):
         assert found, f"no {code} on {op_type}"
         return found
 
+    masks = [d for d in result.diagnostics if d.code == "AC203"]
+    assert masks and all(d.value <= -3.4e38 for d in masks)
+    assert any(d.op_type == "Where" for d in masks)
+    return pick
+
+
+def test_prospective_bert_tiny_findings_are_protected(bert_prospective):
+    # By default an fp32 model is linted for the default conversion's runtime, ONNX Runtime's CUDA
+    # provider, whose Softmax and LayerNormalization kernels compute in fp32 and round once at
+    # fp16: AC101 and AC102 are not reported on them (the conversion runs them low, kernel-fp32).
+    result = bert_prospective
+    _check_prospective_bert(result)
+    assert not [d for d in result.diagnostics if d.code in ("AC101", "AC102", "AC103", "AC104")]
+    # and no AC204: the epsilon attribute is a float, which the fp32-computing kernel adds in float
+    assert {d.code for d in result.diagnostics} == {"AC201", "AC203"}
+
+
+def test_prospective_bert_tiny_any_runtime_findings_are_protected(bert_prospective, bert_prospective_any_runtime):
+    # Counting on no runtime (--runtime any) the Softmax and LayerNormalization findings are there,
+    # and protected: the plan for no runtime keeps them fp32.
+    result = bert_prospective_any_runtime
+    pick = _check_prospective_bert(result)
     softmax = pick("AC101", "Softmax")
     assert len(softmax) == 2
     assert all(d.name == "softmax-in-low-precision" for d in softmax)
     assert len(pick("AC102", "LayerNormalization")) == 5
-    masks = [d for d in result.diagnostics if d.code == "AC203"]
-    assert masks and all(d.value <= -3.4e38 for d in masks)
-    assert any(d.op_type == "Where" for d in masks)
     eps = pick("AC204", "LayerNormalization")
     assert len(eps) == 5
     assert all(d.value == pytest.approx(1e-12, rel=1e-6) for d in eps)
+    # the rest is what the default lint reports
+    rest = [(d.code, d.node) for d in result.diagnostics if d.code not in ("AC101", "AC102", "AC204")]
+    assert rest == [(d.code, d.node) for d in bert_prospective.diagnostics]
 
 
 def _fp32_attention_head(name="head/softmax"):
@@ -673,7 +707,10 @@ def _fp32_attention_head(name="head/softmax"):
 
 
 def test_prospective_protected_by_default_rules():
-    diags = L.findings(_fp32_attention_head(), "AC101")
+    # the point is the protected flag: linted for no runtime, so that AC101 is reported at all (for
+    # CUDA, the default, its Softmax kernel computes in fp32 and it is not)
+    assert L.findings(_fp32_attention_head(), "AC101") == []
+    diags = L.findings(_fp32_attention_head(), "AC101", plan=ANY_RUNTIME)
     assert len(diags) == 1
     L.assert_diag(
         diags[0],
@@ -692,7 +729,7 @@ def test_prospective_unprotected_keeps_catalog_severity(tmp_path, category):
     rules.write_text(f'[ops.{category}]\nSoftmax = "test: let softmax go low"\n')
     converted = autocast_onnx.convert(_fp32_attention_head(), rules=[str(rules)])
     assert H.precision(converted, "head/softmax") != "fp32"  # the rule file really moves it low
-    diags = L.findings(_fp32_attention_head(), "AC101", rules=[str(rules)])
+    diags = L.findings(_fp32_attention_head(), "AC101", rules=[str(rules)], plan=ANY_RUNTIME)  # see above
     assert len(diags) == 1
     L.assert_diag(
         diags[0],
@@ -744,10 +781,11 @@ def test_prospective_weight_flush_threshold(n_tiny, protected):
 
 def test_prospective_precision_bf16_keeps_tiny_epsilon():
     m = L.layernorm_fused(1e-12, dtype=F32)
-    fp16 = L.run_check(m, "AC204")
+    fp16 = L.run_check(m, "AC204", plan=ANY_RUNTIME)
     assert fp16.mode == "prospective" and fp16.precision == "fp16"
     assert [d.node for d in fp16.diagnostics] == ["ln"]
-    bf16 = L.run_check(m, "AC204", precision="bf16")
+    assert L.run_check(m, "AC204").diagnostics == []  # CUDA's kernel adds the float epsilon in float
+    bf16 = L.run_check(m, "AC204", precision="bf16", plan=ANY_RUNTIME)
     assert bf16.precision == "bf16"
     assert bf16.diagnostics == []
 
@@ -763,19 +801,37 @@ def test_converted_examples_have_no_errors(path):
     assert not result.failed("error")
 
 
-def test_naive_all_fp16_conversion_of_bert_is_flagged():
-    naive = autocast_onnx.convert(str(BERT), include_nodes=[".*"]).model
-    result = lint(naive)
-    assert result.mode == "actual"
+def _errors(result) -> dict:
     errors = {}
     for d in result.diagnostics:
         if d.severity == "error":
             errors.setdefault(d.code, []).append(d)
-    assert len(errors.get("AC101", [])) == 2
+    return errors
+
+
+def test_naive_all_fp16_conversion_of_bert_is_flagged():
+    converted = autocast_onnx.convert(str(BERT), include_nodes=[".*"])
+    naive = converted.model
+    # the mask's -3.4e38 is an attention-mask sentinel: retargeted to -49152, not overflowed to -inf,
+    # even with every node forced low (so no AC201/AC203 on the converted model)
+    assert converted.plan.mask_sentinels == {"val_63": -49152.0}
+    # Linted without --runtime, a model autocast-onnx converted is linted for the runtime its
+    # provenance records (CUDA, the default), whose Softmax and LayerNormalization kernels compute
+    # in fp32 and round once, and add their float epsilon in float: nothing is left.
+    result = lint(naive)
+    assert result.mode == "actual"
+    assert result.provenance["runtime"] == "cuda"
+    assert _errors(result) == {}
+    # Counting on no runtime (--runtime any), the fp16 Softmax and LayerNormalization are reported.
+    result = lint(naive, LintOptions(plan=ANY_RUNTIME))
+    assert result.mode == "actual"
+    errors = _errors(result)
+    assert set(errors) == {"AC101", "AC102", "AC204"}
+    assert len(errors["AC101"]) == 2
     assert all(d.op_type == "Softmax" for d in errors["AC101"])
-    assert len(errors.get("AC102", [])) == 5
+    assert len(errors["AC102"]) == 5
     assert all(d.op_type == "LayerNormalization" for d in errors["AC102"])
-    assert errors.get("AC203") or errors.get("AC201")
+    assert not errors.get("AC203") and not errors.get("AC201")
     assert result.failed("error")
 
 

@@ -87,13 +87,14 @@ def test_convert_summary_plan_file_and_check_show_it(tmp_path):
 
 
 def _batchnorm_stack(opset: int, layers: int = 3):
-    """`layers` BatchNormalization nodes in a row on an fp32 image, at `opset`."""
+    """`layers` BatchNormalization nodes in a row on an fp32 image, at `opset`, with a scale of
+    1e-40 that no low type holds (so the parameters stay fp32: plan/batchnorm.py)."""
     from onnx import TensorProto, helper, numpy_helper
 
     nodes, inits, prev = [], [], "x"
     for k in range(layers):
         names = [f"{p}{k}" for p in ("scale", "bias", "mean", "var")]
-        for name, value in zip(names, (1.0, 0.0, 0.0, 1.0)):
+        for name, value in zip(names, (1e-40, 0.0, 0.0, 1.0)):
             inits.append(numpy_helper.from_array(np.full(4, value, np.float32), name))
         nodes.append(helper.make_node("BatchNormalization", [prev, *names], [f"bn{k}"], name=f"bn{k}"))
         prev = f"bn{k}"

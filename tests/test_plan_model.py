@@ -20,12 +20,15 @@ def test_plan_json_round_trip(tmp_path):
     path = tmp_path / "plan.json"
     r.plan.save(path)
     data = json.loads(path.read_text())
-    assert data["target"] == "fp16" and data["summary"]["fp16"] == 4
+    assert data["target"] == "fp16" and data["summary"]["fp16"] == 5 and data["kernels"] == "cuda"
     again = PrecisionPlan.from_json(path.read_text())
     assert again == r.plan
+    # The Softmax between fp16 neighbours: its category from the rules, its fp16 from the CUDA
+    # kernel table (pass 6), both reasons kept through the round trip.
     node = next(n for n in data["nodes"] if n["name"] == "softmax")
-    assert node["precision"] == "fp32"
+    assert node["precision"] == "fp16" and node["category"] == "keep_fp32"
     assert node["reasons"][0]["source"].startswith("rules/default.toml:")
+    assert node["reasons"][-1]["code"] == "kernel-fp32"
 
 
 def test_plan_json_carries_the_format_version():

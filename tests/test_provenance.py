@@ -18,7 +18,13 @@ from autocast_onnx._version import __version__
 from autocast_onnx.catalog.loader import default_rules_path
 from autocast_onnx.cli.main import cli
 
-KEYS = ("autocast_onnx.version", "autocast_onnx.precision", "autocast_onnx.rules", "autocast_onnx.plan")
+KEYS = (
+    "autocast_onnx.version",
+    "autocast_onnx.precision",
+    "autocast_onnx.rules",
+    "autocast_onnx.plan",
+    "autocast_onnx.runtime",
+)
 
 
 def small():
@@ -182,5 +188,5 @@ def test_a_malformed_record_is_shown_as_it_is_not_a_crash(tmp_path):
     onnx.save(m, path)
     result = invoke("lint", path, "--format", "json")
     assert result.exit_code in (0, 1)
-    expected = {"version": "9.9", "precision": None, "rules": "not json", "plan": None}
+    expected = {"version": "9.9", "precision": None, "rules": "not json", "plan": None, "runtime": None}
     assert json.loads(result.stdout)["models"][0]["provenance"] == expected

@@ -99,7 +99,10 @@ def test_a_key_that_is_not_utf8_is_no_field_of_the_record():
     """protobuf gives such a key as bytes: `startswith` with a str would raise TypeError."""
     m = with_metadata([("autocast_onnx.version", "0.1.0"), (b"autocast_onnx.rules\xff", "[]")])
     assert any(isinstance(p.key, bytes) for p in m.metadata_props)
-    assert provenance.examine(m) == ({"version": "0.1.0", "precision": None, "rules": None, "plan": None}, [])
+    assert provenance.examine(m) == (
+        {"version": "0.1.0", "precision": None, "rules": None, "plan": None, "runtime": None},
+        [],
+    )
 
 
 def test_a_readable_record_has_no_warning():

@@ -78,7 +78,9 @@ def test_sparse_weight_converts_in_place_and_runs():
 
 def test_sparse_weight_needed_in_two_types_gets_a_sparse_copy():
     """A MatMul reads W in fp16, a Softmax (keep_fp32) in fp32: the original stays, and the copy
-    is a second sparse initializer with the same indices, not a dense tensor of the values."""
+    is a second sparse initializer with the same indices, not a dense tensor of the values.
+    runtime="any": for CUDA the Softmax would read W in fp16 (its values are exact in fp16 and
+    the kernel computes in fp32; plan/kernel_io.py), and no copy would be needed."""
     m = sparse_model(
         [
             helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
@@ -87,7 +89,7 @@ def test_sparse_weight_needed_in_two_types_gets_a_sparse_copy():
         ],
         ["y"],
     )
-    converted = autocast_onnx.convert(m).model
+    converted = autocast_onnx.convert(m, runtime="any").model
     by_name = {s.values.name: s for s in converted.graph.sparse_initializer}
     assert set(by_name) == {"W", "W_fp16"} and not converted.graph.initializer
     assert by_name["W"].values.data_type == F32 and by_name["W_fp16"].values.data_type == F16
@@ -234,3 +236,22 @@ def test_fingerprint_takes_a_sparse_weight_by_its_dense_shape():
         [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], ["y"], np.eye(4, 3, dtype=np.float32)
     )
     assert index_fingerprint(build_index(wider)) != index_fingerprint(build_index(narrower))
+
+
+def test_sparse_weight_read_by_a_cuda_fp32_kernel_needs_no_copy():
+    """The same model planned for CUDA (the default): W's values are exact in fp16 and the CUDA
+    Softmax computes in fp32 from fp16 input, so the Softmax reads the one fp16 sparse tensor."""
+    m = sparse_model(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+            helper.make_node("Softmax", ["W"], ["s"], name="soft"),
+            helper.make_node("MatMul", ["h", "s"], ["y"], name="mm2"),
+        ],
+        ["y"],
+    )
+    result = autocast_onnx.convert(m)
+    soft = next(e for e in result.plan.nodes if e.name == "soft")
+    assert soft.precision == "fp16" and soft.reasons[-1].code == "kernel-fp32"
+    (sparse,) = result.model.graph.sparse_initializer
+    assert sparse.values.data_type == F16 and not result.model.graph.initializer
+    assert_runs_like(result.model, m)

@@ -218,8 +218,18 @@ def plan_options_group(keep_io: bool = True):
             type=click.Choice(["cuda", "tensorrt", "dml", "any"]),  # plan.options.RUNTIME_CHOICES
             default=None,
             help="Plan for this runtime: keep fp32 the nodes it has no fp16/bf16 kernel for (ONNX Runtime's CUDA "
-            "or DirectML provider, TensorRT; kernel tables in autocast_onnx/data) [default: any, every node the "
-            "schemas allow].",
+            "or DirectML provider, TensorRT; kernel tables in autocast_onnx/data), and run low between low "
+            "neighbours the kept-fp32 ops its kernels compute in fp32 anyway; any: count on no runtime's kernels "
+            "[default: cuda].",
+        ),
+        click.option(
+            "--precise",
+            is_flag=True,
+            default=None,
+            help="The precise plan: normalizations and softmaxes keep fp32 inputs and outputs, and with them the "
+            "residual stream (more Casts, lower error). Without it the fast plan runs them at low-precision "
+            "inputs and outputs with their neighbours where the runtime's kernel computes them in fp32 "
+            "[default: the fast plan].",
         ),
     ]
     if keep_io:
@@ -557,7 +567,17 @@ OPTION_GROUPS = (
     ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top", "jobs")),
     (
         "Precision and rules",
-        ("precision", "rules", "keep_io_types", "low_precision_io", "opset", "runtime", "plan_file", "loss_scale"),
+        (
+            "precision",
+            "rules",
+            "keep_io_types",
+            "low_precision_io",
+            "opset",
+            "runtime",
+            "precise",
+            "plan_file",
+            "loss_scale",
+        ),
     ),
     ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type")),
     ("Data-driven planning", ("calibration_data", "targets")),

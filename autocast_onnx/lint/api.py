@@ -45,11 +45,12 @@ class LintReport:
 
 def lint(*models, select=(), ignore=(), fail_on: str = "error", precision: str | None = None, rules=(),
          exclude_ops=(), include_ops=(), exclude_nodes=(), include_nodes=(), opset=None,
-         runtime=None) -> LintReport:  # fmt: skip
+         runtime=None, precise=None) -> LintReport:  # fmt: skip
     """Lint models (paths or ModelProtos), as `autocast-onnx lint`: fp32 models are checked as if
     converted to `precision` (default fp16) with these rules and selections; with `opset`, each
     model is linted upgraded to that default-domain opset, as `convert --opset` would plan it; with
-    `runtime` ("cuda", "tensorrt"), planned as `convert --runtime` would, for that runtime's kernels."""
+    `runtime` ("cuda", "tensorrt"), planned as `convert --runtime` would, for that runtime's kernels;
+    `precise` plans as `convert --precise` would."""
     from ..options import lint_options, plan_options
     from .engine import lint as _lint
 
@@ -58,7 +59,7 @@ def lint(*models, select=(), ignore=(), fail_on: str = "error", precision: str |
     plan = plan_options(
         precision=precision, rules=rules, exclude_ops=exclude_ops, include_ops=include_ops,
         exclude_nodes=exclude_nodes, include_nodes=include_nodes, opset=opset,
-        runtime=runtime,
+        runtime=runtime, precise=precise,
     )  # fmt: skip
     options = lint_options(
         select=select, ignore=ignore, fail_on=fail_on, plan=plan, precision_given=precision is not None

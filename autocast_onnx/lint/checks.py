@@ -83,6 +83,20 @@ class LintContext:
         self._training: tuple | None = None  # (TrainingGraph or None,), once recognised
         self._patterns: list[dict] | None = None
 
+    def kernels_runtime(self) -> str:
+        """The runtime whose kernels lint counts on: --runtime's; else for an fp32 model (prospective
+        mode) the default conversion's, ONNX Runtime's CUDA provider; else the one the model's
+        provenance record says it was planned for; else none ("any")."""
+        runtime = getattr(self.plan_options, "runtime", None)
+        if runtime is not None:
+            return runtime
+        if self.mode != "actual":  # an fp32 model, linted as the default conversion would plan it
+            return "cuda"
+        from ..rewrite.provenance import read
+
+        recorded = (read(self.model) or {}).get("runtime")
+        return recorded if recorded in ("cuda", "tensorrt", "dml") else "any"
+
     def training(self):
         """The model's training-graph recognition (graph/training.py), once per context."""
         if self._training is None:
@@ -226,6 +240,25 @@ def _low_parameters(ctx, node, ports) -> list:
     return [v for v in values if v.dtype in LOW]
 
 
+def _surviving_parameters(ctx, node, ports) -> bool:
+    """Whether a BatchNormalization's parameters stored in low precision are constants whose
+    rounding there could have changed its per-channel scale/sqrt(var+eps) and offset by no more
+    than the converter allows (plan/batchnorm.py: stored_change)."""
+    from ..plan import batchnorm
+
+    if node.op != "BatchNormalization" or any(a.name == "training_mode" and a.i for a in node.proto.attribute):
+        return False
+    values = [node.inputs[i] for i in ports if i < len(node.inputs) and node.inputs[i] is not None]
+    if len(values) != 4 or any(v.dtype not in LOW for v in values):
+        return False
+    arrays = [constant_array(_through_casts(v)) for v in values]
+    if any(a is None for a in arrays):
+        return False
+    epsilon = next((a.f for a in node.proto.attribute if a.name == "epsilon"), 1e-5)
+    low = int(values[0].dtype)
+    return batchnorm.stored_change(arrays, epsilon, low) <= 2 * batchnorm.TOLERANCE * batchnorm.UNIT_ROUNDOFF[low]
+
+
 def _family_message(ctx, node, lenient: dict) -> str:
     """What is wrong with a node of the family computed in low precision. For an op whose data may
     be low when its parameters are fp32 (BatchNormalization in inference: what the converter
@@ -247,12 +280,32 @@ def _family_message(ctx, node, lenient: dict) -> str:
     )
 
 
+def _kernel_computes_fp32(ctx: LintContext, node) -> bool:
+    """Whether the runtime linted for computes `node` at the low type in fp32 and rounds its
+    outputs once (catalog/compute.py): then the op itself loses nothing in low precision (its
+    inputs were rounded where they were made), which is why the converter runs such nodes low
+    between low-precision neighbours (kernel-fp32). The runtime is --runtime's; without it, the
+    one a model converted by autocast-onnx records it was planned for (its provenance record's
+    `runtime`), so that lint agrees with the conversion; for any other model none is counted on
+    (a kernel that computes the op in fp16 makes it the hazard the check names)."""
+    from ..catalog.compute import computes_in_fp32
+
+    fact = computes_in_fp32(ctx.kernels_runtime(), node.domain, node.op, ctx.low)
+    return fact is not None and fact.fp32_once
+
+
 def op_family(ctx: LintContext, check):
     ops = set(check.params.get("ops", ()))
     lenient = check.params.get("fp32_parameters_ok", {})
+    fp32_kernels_ok = bool(check.params.get("fp32_kernel_ok", False))
     flagged = set()
     for node in ctx.index.nodes:
         if _key(node) in lenient and _fp32_parameters(ctx, node, lenient[_key(node)]):
+            continue
+        if _key(node) in lenient and _surviving_parameters(ctx, node, lenient[_key(node)]):
+            continue  # stored low, as the converter stores the parameters that survive (plan/batchnorm.py)
+        # (an op whose parameters may be stored low, BatchNormalization, is judged by them instead)
+        if fp32_kernels_ok and _key(node) in ops and _key(node) not in lenient and _kernel_computes_fp32(ctx, node):
             continue
         if _key(node) in ops and ctx.is_low(node):
             flagged.add(node.id)
@@ -417,6 +470,8 @@ def epsilon_flush(ctx, check):
     tiny = LIMITS[ctx.low][1] / 2
     for node in ctx.index.nodes:
         if node.op in EPSILON_OPS and ctx.is_low(node):
+            if _kernel_computes_fp32(ctx, node):
+                continue  # the attribute is a float, and the kernel adds it in float
             eps = next((a.f for a in node.proto.attribute if a.name == "epsilon"), None)
             if eps is not None and 0 < eps < tiny:
                 yield ctx.diag(check, node, f"{node.op} epsilon {eps:g} is 0 in {ctx.tname}", value=eps)
@@ -696,6 +751,28 @@ def qdq_split(ctx, check):
                     )
 
 
+def fusion_split(ctx, check):
+    """Casts between two nodes of a pattern that ONNX Runtime's CUDA provider fuses (plan/fusions.py),
+    one finding per split instance, on the Cast. Only for ONNX Runtime's CUDA provider (no
+    --runtime, or cuda): other runtimes fuse other patterns."""
+    if getattr(ctx.plan_options, "runtime", None) not in (None, "cuda"):
+        return
+    from ..plan.fusions import find
+
+    for inst in find(ctx.index):
+        if not inst.split:
+            continue
+        cast = inst.casts[0]
+        yield ctx.diag(
+            check,
+            cast,
+            f"{cast.op} {cast.label} splits {inst.text()}, which ONNX Runtime's CUDA provider fuses into "
+            f"{inst.pattern.name} ({inst.pattern.cite}): the pattern runs as separate kernels",
+            tensor=cast.inputs[0].name if cast.inputs and cast.inputs[0] is not None else None,
+            judged=False,
+        )
+
+
 def runtime_kernel(ctx, check):
     """Nodes whose fp16/bf16 type (inputs or outputs, as the model declares or the index infers) the runtime
     named with --runtime has no kernel for at the model's opset (catalog/kernels.py answers False), or whose
@@ -738,6 +815,7 @@ KINDS = {
     "loss-scaling": loss_scaling,
     "master-weights": master_weights,
     "qdq-split": qdq_split,
+    "fusion-split": fusion_split,
     "runtime-kernel": runtime_kernel,
     "unused-suppression": unused_suppression,
 }

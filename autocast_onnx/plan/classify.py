@@ -20,6 +20,8 @@ from ..graph.index import container_param
 from ..hazards import PASS_ON_OPS, fp16_lost, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
+from . import batchnorm
+from .masks import sentinels
 from .model import PlanWarning, Reason
 from .qdq import mark_qdq_units
 from .vocab import Category, PortRole, Precision, Seed
@@ -78,6 +80,7 @@ class Classification:
     frozen: list  # per node: True when a float port has an unknown type
     warnings: list = field(default_factory=list)  # (code, message, node label)
     clamp: dict = field(default_factory=dict)  # initializer name -> why (forced low)
+    sentinels: dict = field(default_factory=dict)  # mask constant name -> the value its beyond-range entries take
     flush_notes: dict = field(default_factory=dict)  # id(value) -> (value, message)
 
     @classmethod
@@ -220,6 +223,8 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
             roles = _roles_of(tmpl, cat, op == "Cast" and domain == "", signature, container)
             known = by_signature[signature] = (*roles, container and cat != _CONTROL, tmpl)
         ri, ro, unknown, container, (t_in, t_out, pins_in, pins_out) = known
+        if pins_in and op == "BatchNormalization" and domain == "" and cat not in _UNPLANNED and not unknown:
+            ri, ro, pins_in = _batchnorm_roles(node, ri, ro, pins_in, target_type, reasons[nid])
         roles_in[nid] = ri
         roles_out[nid] = ro
         unplanned = cat in _UNPLANNED
@@ -265,6 +270,46 @@ def _assign_port_roles(index: GraphIndex, rules: RuleSet, target: Precision, res
     return planned
 
 
+def _batchnorm_roles(node, ri: str, ro: str, pins_in: tuple, target_type: int, reasons: list):
+    """An inference BatchNormalization whose scale, bias, mean and variance are constants that
+    survive the low type (plan/batchnorm.py): every port follows the node, so its parameters are
+    stored in the data's type, as ONNX Runtime's CUDA kernel takes them (it converts them to
+    float); the node's reasons say why either way. Returns (roles_in, roles_out, pins_in).
+
+        BatchNormalization(x, scale, bias, mean, var), var ~ 1 -> "ppppp", "p", no pins
+        the same with var 1e-7 (flushes in fp16)             -> "fffff", "f": fp32 whole"""
+    ins, outs = node.inputs, node.outputs
+    if len(ins) != 5 or len(outs) != 1 or any(v is None or v.dtype not in (FLOAT, target_type) for v in [*ins, *outs]):
+        return ri, ro, pins_in  # training mode (running statistics out), or another type
+    # (parameters already in the target type: a converted model converted again, judged as stored)
+    arrays = [constant_array(v) for v in ins[1:]]
+    if any(a is None for a in arrays):
+        return ri, ro, pins_in
+    epsilon = next((a.f for a in node.proto.attribute if a.name == "epsilon"), 1e-5)
+    survive, change, said = batchnorm.judge(arrays, epsilon, target_type)
+    low = dtype_name(target_type)
+    if not survive:
+        reasons.append(
+            Reason(
+                BN_KEPT,
+                f"its scale, bias, mean and variance stay fp32: {said} in {low}; ONNX Runtime's CUDA kernel "
+                "takes them in the data's type, so the node runs fp32 whole, its data too",
+                value=change,
+            )
+        )
+        return ri.replace(_FOLLOW, _FP32), ro.replace(_FOLLOW, _FP32), pins_in
+    reasons.append(
+        Reason(
+            BN_LOW,
+            f"its scale, bias, mean and variance are stored in {low} with the data, the one type ONNX Runtime's CUDA "
+            f"kernel takes (it converts them to float): {said}",
+            value=change,
+        )
+    )
+    return _FOLLOW * len(ri), _FOLLOW * len(ro), ()
+
+
+BN_LOW, BN_KEPT = "bn-parameters-low", "bn-parameters-fp32"  # reason codes (plan/batchnorm.py)
 _ABSENT = -2  # an optional port left empty (a tensor of unknown type has dtype None)
 _CONTAINER_REASON = Reason(
     "container",
@@ -686,6 +731,7 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
     if target_type is None:
         raise InternalCheckError(f"classify: target {target} has no element type")
     verdicts = _check_constants({id(v): v for _, v in pending}.values(), target_type, thresholds, converted)
+    masks = _mask_sentinels(pending, verdicts, target_type, result)
     count = 0
     for node, value in pending:
         verdict = verdicts.get(id(value))
@@ -693,6 +739,9 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
             continue
         nid = node.id
         kind, message, measured = verdict
+        if value.name in masks:  # retargeted, not kept fp32 (plan/masks.py); nothing to pass on either
+            reasons[nid].append(Reason("mask-sentinel", masks[value.name], value=measured))
+            continue
         if kind == "note":
             result.flush_notes[id(value)] = (value, message)
             continue
@@ -713,7 +762,25 @@ def _apply_data_rules(planned, target: Precision, thresholds, result: Classifica
             reasons[nid].append(Reason(kind, message, value=measured))
             count += 1
     log.debug("classify pass 5 (data rules): %d constants checked, %d nodes kept fp32", len(pending), count)
-    return [(node, value, verdicts.get(id(value))) for node, value in pending]
+    return [(node, value, None if value.name in masks else verdicts.get(id(value))) for node, value in pending]
+
+
+def _mask_sentinels(pending, verdicts: dict, target_type: int, result: Classification) -> dict[str, str]:
+    """The attention-mask sentinels among the out-of-range constants (plan/masks.py): recorded in
+    `result.sentinels` (name -> the value they take); returns name -> the reason's sentence."""
+    candidates = [v for _, v in pending if (verdicts.get(id(v)) or ("",))[0] == "data-range"]
+    if not candidates:
+        return {}
+    found = sentinels(candidates, constant_array, target_type)
+    said = {}
+    for name, (value, softmaxes) in found.items():
+        result.sentinels[name] = value
+        said[name] = (
+            f"reads the attention-mask sentinel '{name}', whose values beyond the {dtype_name(target_type)} range "
+            f"reach only {len(softmaxes)} Softmax input(s): they become {value:g} there (plan/masks.py), which "
+            "masks as they did without overflowing when added to the scores, so this node need not stay fp32"
+        )
+    return said
 
 
 def is_constant(value: Value) -> bool:

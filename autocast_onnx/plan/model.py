@@ -154,6 +154,7 @@ class PrecisionPlan:
         clamp_initializers=None,
         fingerprint: str | None = None,
         low_precision_io=(),
+        mask_sentinels=None,
     ):
         self.target = Precision.target(target)
         self.keep_io_types = keep_io_types
@@ -171,6 +172,9 @@ class PrecisionPlan:
         self.rule_sha256: list[str] = []
         self.warnings: list[PlanWarning] = list(warnings)
         self.clamp_initializers: dict[str, str] = dict(clamp_initializers or {})  # name -> why (user forced)
+        # attention-mask constants whose values beyond the target's range take a sentinel (plan/masks.py):
+        # name -> that value
+        self.mask_sentinels: dict[str, float] = dict(mask_sentinels or {})
         self.source: str | None = None  # the file a replayed plan was read from
         self.replayed = False  # applied as given (convert --plan, explain --plan): see plan/replay.py
         self.training: dict | None = None  # the training graph and its loss scaling (None: inference)
@@ -178,6 +182,9 @@ class PrecisionPlan:
         # the opset upgrade made before planning (--opset): {"from": 11, "to": 15}; None: none
         self.opset: dict | None = None
         self.runtime: str | None = None  # the runtime planned for (--runtime cuda, tensorrt, dml); None: any
+        # the runtime whose kernels the plan counts on (paint pass 6, plan/kernel_io.py): --runtime's, "cuda"
+        # without one (the design's), "any" for none (and for a plan file written before plans recorded it)
+        self.kernels: str = "any"
         nodes = nodes or []
         self.precisions: list = [Precision(n.precision) for n in nodes]
         self.categories: list[str] = [n.category for n in nodes]
@@ -262,6 +269,8 @@ class PrecisionPlan:
             "summary": self.counts(),
             "warnings": [asdict(w) for w in self.warnings],
             "clamp_initializers": self.clamp_initializers,
+            **({"mask_sentinels": self.mask_sentinels} if self.mask_sentinels else {}),
+            "kernels": self.kernels,
             **({"training": self.training} if self.training is not None else {}),
             **({"search": self.search} if self.search is not None else {}),
             **({"opset": self.opset} if self.opset is not None else {}),
@@ -442,6 +451,8 @@ _PLAN = _Object(
             "a list of warnings (objects)",
         ),
         "clamp_initializers": _Map(_STR, "an object (initializer name -> why)"),
+        "kernels": _STR,
+        "mask_sentinels": _Map(_NUMBER, "an object (constant name -> the value its beyond-range entries take)"),
         "training": _Nullable(_TRAINING),
         "search": _Nullable(_ANY_OBJECT),
         "opset": _Nullable(_Object({"from": _INT, "to": _INT}, ("from", "to"))),
@@ -584,11 +595,41 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
         clamp_initializers=data.get("clamp_initializers", {}),
         fingerprint=data["model_fingerprint"],
         low_precision_io=data.get("low_precision_io", []),
+        mask_sentinels=_checked_sentinels(data.get("mask_sentinels", {}), target, where),
     )
     plan.training = training
+    plan.kernels = _checked_kernels(data.get("kernels", "any"), where)
     plan.opset = _checked_opset(data.get("opset"), where)
     plan.rule_sha256 = _checked_digests(data.get("rule_sha256", []), plan.rule_files, where)
     return plan
+
+
+KERNELS = ("cuda", "tensorrt", "dml", "any")
+
+
+def _checked_kernels(kernels: str, where: str) -> str:
+    """The plan's "kernels": one of KERNELS."""
+    if kernels not in KERNELS:
+        raise AutocastError(
+            f'"kernels" is {kernels!r}, not one of {", ".join(KERNELS)}', where, "fix it, or make a fresh plan"
+        )
+    return kernels
+
+
+def _checked_sentinels(sentinels: dict, target: Precision, where: str) -> dict:
+    """The plan's "mask_sentinels": each a finite negative value the target type holds with room
+    below it (a value a sum with the scores cannot take past the range, plan/masks.py)."""
+    from ..hazards import thresholds
+
+    edge_at = thresholds(target.elem_type)[0] if target.elem_type is not None else 0.0
+    for name, value in sentinels.items():
+        if not (math.isfinite(value) and -edge_at < value < 0):
+            raise AutocastError(
+                f"mask_sentinels[{name!r}] is {value!r}: a sentinel must be negative and inside the {target} range",
+                where,
+                "remove the entry, or make a fresh plan (convert --plan-out)",
+            )
+    return {name: float(value) for name, value in sentinels.items()}
 
 
 def _checked_digests(digests: list, rule_files: list, where: str) -> list:

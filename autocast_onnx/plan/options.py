@@ -56,9 +56,15 @@ class PlanOptions:
     # Beside a replayed plan it is compared: the plan records the upgrade it was made after
     # (plan.opset), replay repeats that upgrade, and a different --opset contradicts the plan.
     opset: int | None = field(default=None, metadata=_surfaces("--opset", "opset", "compared"))
-    # the runtime the model is planned for (cuda, tensorrt, dml; None or "any": every runtime, today's plan): a node
-    # whose op that runtime has no kernel for at the low type (catalog/kernels.py) stays fp32
+    # the runtime the model is planned for (cuda, tensorrt, dml; "any": every runtime; None: DEFAULT_RUNTIME): a
+    # node whose op that runtime has no kernel for at the low type (catalog/kernels.py) stays fp32; and whose
+    # kernels' fp32 compute paint pass 6 counts on ("any": none)
     runtime: str | None = field(default=None, metadata=_surfaces("--runtime", "runtime", "refused"))
+    # the precise plan: the normalizations, softmaxes and other bounded ops that the fast plan (the
+    # default) runs low together with the streams they sit on keep fp32 inputs and outputs, and so
+    # the residual stream of a transformer stays fp32 (plan/kernel_io.py, FAST_OPS); only the
+    # kept-fp32 ops whose Casts would change no number still run low
+    precise: bool | None = field(default=None, metadata=_surfaces("--precise", "precise", "refused"))
     # a node rule, node pattern, --exclude-op or --include-op that matches nothing is an error
     strict: bool = field(default=False, metadata=_surfaces("--strict", None, "allowed"))
     source: str | None = field(default=None, compare=False)  # the configuration file, if any
@@ -103,6 +109,7 @@ class PlanOptions:
 
 
 RUNTIME_CHOICES = ("cuda", "tensorrt", "dml", "any")  # --runtime: the kernel tables' runtimes, and any
+DEFAULT_RUNTIME = "cuda"  # the runtime a plan is made for without --runtime: ONNX Runtime's CUDA provider
 
 
 def _check_opset_request(opset) -> None:

@@ -79,20 +79,24 @@ def paint(
     rule_files=(),
     order=None,
     low_precision_io=(),
+    runtime: str | None = None,
+    shapes=None,
+    fast: bool = True,
 ) -> PrecisionPlan:
     """The precision plan of `index` from its classification (see the module docstring).
-    `low_precision_io`: names of model inputs and outputs that take the target type."""
+    `low_precision_io`: names of model inputs and outputs that take the target type. `runtime`
+    (None: the design's, ONNX Runtime's CUDA provider; "any": none to count on) is the runtime
+    whose kernels pass 6 reads; `shapes` (tensor name -> (elem type, shape)) sizes its reasons;
+    `fast` (the default; False with --precise) lets pass 6 lower the normalizations and other
+    bounded fp32-computing ops together with the streams they sit on (plan/kernel_io.py)."""
     target = Precision.target(target)
-    n = len(index.nodes)
     target_type = target.elem_type
     if target_type is None:
         raise InternalCheckError(f"paint: target {target} has no element type")
-    state = _State(index.nodes, classification, target_type, [_NONE] * n, [None] * n)
-    _seed(state)
-    _propagate_fp32_taint(state)
-    _propagate_low(state)
     low_io = frozenset(low_precision_io)
-    _settle_backward(state, index, keep_io_types, order if order is not None else global_order(index), low_io)
+    order = order if order is not None else global_order(index)
+    state = _painted(index, classification, target_type, keep_io_types, order, low_io, {})
+    state = _kernel_rounds(state, index, keep_io_types, order, low_io, runtime, shapes, fast)
     precisions = _precisions(state)
     plan = PrecisionPlan(
         target=target,
@@ -101,6 +105,7 @@ def paint(
         rule_files=list(rule_files),
         warnings=[PlanWarning(c, m, n_) for c, m, n_ in classification.warnings],
         clamp_initializers=dict(classification.clamp),
+        mask_sentinels=dict(classification.sentinels),
         low_precision_io=list(low_precision_io),
     )
     plan.set_lazy_nodes(
@@ -114,6 +119,81 @@ def paint(
     )
     _flush_warnings(state, plan)
     return plan
+
+
+def _painted(index, classification, target_type: int, keep_io_types: bool, order, low_io, lowered: dict) -> _State:
+    """Passes 1-4 from the classification, with the nodes of `lowered` (node id -> Reason: pass
+    6's) seeded LOW beside pass 1's seeds."""
+    n = len(index.nodes)
+    state = _State(index.nodes, classification, target_type, [_NONE] * n, [None] * n)
+    _seed(state)
+    for i, why in lowered.items():
+        state.paint[i] = _LOW
+        state.cause[i] = why
+    _propagate_fp32_taint(state)
+    _propagate_low(state)
+    _settle_backward(state, index, keep_io_types, order, low_io)
+    return state
+
+
+MAX_KERNEL_ROUNDS = 16  # pass 6 rounds; each lowers at least one node, most plans need one or two
+
+
+def _kernel_rounds(state: _State, index, keep_io_types: bool, order, low_io, runtime, shapes, fast=True) -> _State:
+    """Pass 6 (plan/kernel_io.py): keep_fp32 nodes whose runtime kernel computes in fp32 anyway and
+    that sit between low-precision neighbours run low, with no Cast; passes 1-4 run again after
+    each round, so that a node the round lowered lets its neighbour qualify in the next. With
+    `fast`, the fast plan's nodes are lowered first (_fast_phase)."""
+    from .kernel_io import lowerable
+
+    def keeps(value) -> bool:  # a main-graph output that keeps its type (subgraph outputs always do)
+        return any(
+            scope is not index.main or (keep_io_types and value.name not in low_io) for scope, _ in value.graph_outputs
+        )
+
+    lowered: dict = {}
+    for _ in range(MAX_KERNEL_ROUNDS):
+        found = lowerable(
+            index, state.paint, state.cause, state.classification, state.target_type, keeps, runtime, shapes
+        )
+        new = {i: why for i, why in found.items() if i not in lowered}
+        if not new:
+            break
+        lowered.update(new)
+        state = _painted(index, state.classification, state.target_type, keep_io_types, order, low_io, lowered)
+    log.debug("paint pass 6 (fp32 kernels at low precision): %d keep_fp32 nodes run low", len(lowered))
+    if fast:
+        _, trial = _fast_phase(state, index, keep_io_types, order, low_io, runtime or "cuda", shapes, keeps, lowered)
+        if trial is not None:
+            state = trial
+    return state
+
+
+MAX_FAST_ROUNDS = 32  # fast-plan rounds; each drops at least one node, most plans settle in two or three
+
+
+def _fast_phase(state: _State, index, keep_io_types: bool, order, low_io, runtime: str, shapes, keeps, base: dict):
+    """The fast plan (plan/kernel_io.py, FAST_OPS), after the conservative rounds (`base`: the nodes
+    they lowered, which keep their reason): every candidate painted low at once, passes 1-4
+    again, and the candidates whose inputs or readers ended fp32 dropped, until none is dropped:
+    the largest set that holds together. Returns (node id -> Reason, the painting), or ({}, None)
+    when nothing holds or the rounds run out (then the conservative plan stands)."""
+    from .kernel_io import fast_candidates, still_low, upstream
+
+    c, low_type = state.classification, state.target_type
+    chosen = fast_candidates(index, state.paint, c, low_type, keeps, runtime, shapes)
+    cone = upstream(index, chosen, state.paint, c, low_type)
+    chosen.update(cone)
+    for _ in range(MAX_FAST_ROUNDS):
+        if not chosen:
+            break
+        trial = _painted(index, c, low_type, keep_io_types, order, low_io, {**base, **chosen})
+        holding = still_low(index, chosen, trial.paint, trial.cause, c, low_type, keeps, set(cone))
+        if len(holding) == len(chosen):
+            log.debug("paint pass 6, fast plan: %d keep_fp32 nodes run low with their neighbours", len(chosen))
+            return chosen, trial
+        chosen = {i: why for i, why in chosen.items() if i in holding}
+    return {}, None
 
 
 def _seed(state: _State) -> None:

@@ -114,7 +114,7 @@ def _check_named_tensors(plan: PrecisionPlan, index: GraphIndex, where: str) -> 
                 where,
                 "remove it from the plan's low_precision_io list",
             )
-    if not plan.clamp_initializers:
+    if not plan.clamp_initializers and not plan.mask_sentinels:
         return
     constants = {
         value.name
@@ -123,13 +123,14 @@ def _check_named_tensors(plan: PrecisionPlan, index: GraphIndex, where: str) -> 
         if value.dtype in MIXABLE
         and (value.initializer is not None or (value.producer is not None and value.producer.op == "Constant"))
     }
-    for name in plan.clamp_initializers:
-        if name not in constants:
-            raise AutocastError(
-                f"clamp_initializers names {name!r}, which is not a float initializer or Constant of the model",
-                where,
-                "remove it from the plan's clamp_initializers",
-            )
+    for key, names in (("clamp_initializers", plan.clamp_initializers), ("mask_sentinels", plan.mask_sentinels)):
+        for name in names:
+            if name not in constants:
+                raise AutocastError(
+                    f"{key} names {name!r}, which is not a float initializer or Constant of the model",
+                    where,
+                    f"remove it from the plan's {key}",
+                )
 
 
 def _check_entry(plan: PrecisionPlan, entry: NodePlan, node, index: GraphIndex, where: str) -> None:

@@ -46,10 +46,13 @@ def summary_dict(result) -> dict:
         "notes": sum(1 for w in plan.warnings if w.code in NOTE_CODES),
         **({"edited_nodes": [n.label for n in plan.nodes if n.edited]} if plan.replayed else {}),
         **_no_kernel(plan),
+        **_kernel_fp32(plan),
+        **_fast_plan(plan),
         "runtime": plan.runtime,  # --runtime cuda, tensorrt, dml; None: planned for any
         "outputs_renamed": list(result.stats.outputs_renamed),
         "graphs_sorted": list(result.stats.graphs_sorted),
         "clamped_values": result.stats.clamped_values,
+        "mask_sentinels": dict(result.plan.mask_sentinels),
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
         "training": plan.training,
         "opset": plan.opset,  # the upgrade made before planning (--opset): {"from": 17, "to": 22}
@@ -81,6 +84,32 @@ REASON_LABELS = {
     "plan-replay": "replayed plan",
     "no-kernel": "no kernel in the --runtime",
 }
+
+
+def _kernel_fp32(plan) -> dict:
+    """{"kernel_fp32": {"nodes": 12, "ops": {"Softmax": 12}}}: the keep_fp32 nodes planned low because the runtime's
+    kernel computes them in fp32 and rounds once (plan/kernel_io.py, reason "kernel-fp32"); empty without any."""
+    lowered = [i for i, code in enumerate(plan.last_reason_codes()) if code == "kernel-fp32"]
+    if not lowered:
+        return {}  # the plan's node entries are built only where there is something to count
+    nodes = plan.nodes
+    ops = Counter(nodes[i].op_type for i in lowered if plan.precisions[i] != "fp32")
+    return {"kernel_fp32": {"nodes": sum(ops.values()), "ops": dict(sorted(ops.items()))}} if ops else {}
+
+
+def _fast_plan(plan) -> dict:
+    """{"fast_plan": {"nodes": 24, "ops": {"LayerNormalization": 12, ...}, "cast_bytes": 1572864}}: the keep_fp32
+    nodes the fast plan runs low with their neighbours (plan/kernel_io.py, reason "fast-plan"), and the bytes the
+    Casts on their own tensors would move in the precise plan (--precise; None where a shape is unknown): a floor
+    of its extra cost, since the streams between them stay fp32 there too. Empty without any."""
+    lowered = [i for i, code in enumerate(plan.last_reason_codes()) if code == "fast-plan"]
+    if not lowered:
+        return {}
+    nodes = plan.nodes
+    ops = Counter(nodes[i].op_type for i in lowered)
+    sizes = [nodes[i].reasons[-1].value for i in lowered]
+    known = None if any(v is None for v in sizes) else int(sum(v for v in sizes if v is not None))
+    return {"fast_plan": {"nodes": len(lowered), "ops": dict(sorted(ops.items())), "cast_bytes": known}}
 
 
 def _no_kernel(plan) -> dict:
@@ -168,6 +197,21 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
         lines.append(
             f"kept fp32 for want of a {lack['runtime']} kernel: {lack['nodes']} (ops {', '.join(lack['ops'])})"
         )
+    if "kernel_fp32" in s:
+        done = s["kernel_fp32"]
+        lines.append(
+            f"keep_fp32 nodes at {plan.target} inputs and outputs, no Casts: {done['nodes']} "
+            f"({', '.join(f'{op} {n}' for op, n in done['ops'].items())}; the runtime's kernels compute them in fp32 "
+            "and round once, so Casts around them would change no number)"
+        )
+    if "fast_plan" in s:
+        fast = s["fast_plan"]
+        cost = f" (their Casts alone: {fast['cast_bytes']:,} bytes per inference)" if fast["cast_bytes"] else ""
+        lines.append(
+            f"fast plan: {fast['nodes']} keep_fp32 nodes run at {plan.target} inputs and outputs with their neighbours "
+            f"({', '.join(f'{op} {n}' for op, n in fast['ops'].items())}; the runtime's kernels compute them in fp32); "
+            f"--precise keeps them and the streams between them fp32{cost}"
+        )
     if plan.runtime is not None:
         lines.append(_runtime_line(plan, s["cost"]))
     lines.append(cost_line(s["cost"]))
@@ -181,6 +225,13 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     if stats.graphs_sorted:
         lines.append(
             f"graphs that were not topologically sorted and were written sorted: {', '.join(stats.graphs_sorted)}"
+        )
+    if plan.mask_sentinels:
+        values = sorted(set(plan.mask_sentinels.values()))
+        lines.append(
+            f"attention-mask sentinels beyond the {plan.target} range: {len(plan.mask_sentinels)} constant(s) "
+            f"({stats.sentinel_values} value(s)) take {', '.join(f'{v:g}' for v in values)}, so the mask Add and the "
+            "Softmax can run low (docs/rules-format.md#mask-sentinels)"
         )
     if stats.clamped_values:
         lines.append(f"values clamped to the finite {plan.target} range (forced by a rule): {stats.clamped_values}")

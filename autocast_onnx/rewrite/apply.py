@@ -54,6 +54,7 @@ class ApplyStats:
     initializer_copies: int = 0
     attributes_retargeted: int = 0
     clamped_values: int = 0
+    sentinel_values: int = 0  # mask values beyond the range that took their sentinel (plan/masks.py)
     initializer_bytes_delta: int = 0
     outputs_renamed: list = field(default_factory=list)  # graph outputs now written by a Cast
     cast_outputs: list = field(default_factory=list)  # the tensors the added Casts write
@@ -77,7 +78,8 @@ class _Edit:
     jobs: list = field(default_factory=list)  # initializer conversions, run in one batch
     new_sparse: dict = field(default_factory=dict)  # scope id -> new sparse initializers
     sparse_jobs: list = field(default_factory=list)  # conversions of sparse initializers' values
-    saturate: set = field(default_factory=set)  # id(Value) of fp32 tensors clipped before their cast to low
+    # id(Value) of fp32 tensors clipped before their cast to low -> the Clip's lower bound (None: -largest)
+    saturate: dict = field(default_factory=dict)
 
     def need(self, consumer, port: int, value) -> int | None:
         return required_type(self.plan.roles_in[consumer.id][port], self.node_type[consumer.id], value.dtype)
@@ -282,32 +284,48 @@ def _insert_casts(edit: _Edit) -> None:
                 cast_out = edit.names.fresh(f"{value.name}_{dtype_name(need)}")
                 source = src_name
                 if need != FLOAT and id(value) in edit.saturate:
-                    source = _clip(edit, value, src_name, need)
+                    source = _clip(edit, value, src_name, need, edit.saturate[id(value)])
                 edit.add_cast(value, source, cast_out, need)
                 for consumer, port in users:
                     consumer.proto.input[port] = cast_out
 
 
-def _saturated(index: GraphIndex, plan: PrecisionPlan) -> set:
+def _saturated(index: GraphIndex, plan: PrecisionPlan) -> dict:
     """The fp32 tensors whose cast into a low-precision node gets a Clip to the target's finite
-    range first: those through which a constant the plan clamps (clamp_initializers) reaches the
-    node (plan.paint.forced_low_reach: the same walk that warned of it)."""
-    if not plan.clamp_initializers:
-        return set()
-    clamp = plan.clamp_initializers
-    return {
-        id(reach.boundary)
-        for reach in forced_low_reach(index, plan, direct=False)
-        if reach.boundary is not None and reach.constant.name in clamp
-    }
+    range first, with the Clip's lower bound (None: the range's own): those through which a
+    constant the plan clamps (clamp_initializers) or retargets (mask_sentinels: its sentinel is the
+    bound, so the mask keeps masking and a sum with the scores stays finite) reaches the node
+    (plan.paint.forced_low_reach: the same walk that warned of it)."""
+    if not plan.clamp_initializers and not plan.mask_sentinels:
+        return {}
+    out: dict = {}
+    for reach in forced_low_reach(index, plan, direct=False):
+        name = reach.constant.name
+        if reach.boundary is None:
+            continue
+        if name in plan.mask_sentinels:
+            out[id(reach.boundary)] = plan.mask_sentinels[name]
+        elif name in plan.clamp_initializers:
+            out.setdefault(id(reach.boundary), None)
+    return out
 
 
-def _clip(edit: _Edit, value, src_name: str, to: int) -> str:
-    """A Clip of `src_name` (the fp32 tensor `value`) to the finite range of type `to`, placed
-    where its cast goes (right after the producer of `value`); returns the clipped tensor. The
-    cast after it then gives ±65504 (fp16) where it would give ±inf. Clip takes its bounds as
-    inputs from opset 11, as attributes before."""
+def clamp_of(plan: PrecisionPlan, name: str) -> bool | float:
+    """How a constant's values beyond the target's range are converted: a float, the mask
+    sentinel they all take (mask_sentinels); True, clamped to the finite range (clamp_initializers);
+    False, as they are (to inf)."""
+    if name in plan.mask_sentinels:
+        return plan.mask_sentinels[name]
+    return name in plan.clamp_initializers
+
+
+def _clip(edit: _Edit, value, src_name: str, to: int, lowest: float | None = None) -> str:
+    """A Clip of `src_name` (the fp32 tensor `value`) to the finite range of type `to` (from
+    `lowest` up, where given: a mask sentinel), placed where its cast goes (right after the
+    producer of `value`); returns the clipped tensor. The cast after it then gives ±65504 (fp16)
+    where it would give ±inf. Clip takes its bounds as inputs from opset 11, as attributes before."""
     largest = float(LIMITS[to][0])
+    bottom = -largest if lowest is None else float(lowest)
     out = edit.names.fresh(f"{value.name}_clipped")
     name = edit.names.fresh_node(out)
     opset = edit.index.opset("") or 0
@@ -315,13 +333,13 @@ def _clip(edit: _Edit, value, src_name: str, to: int) -> str:
         low, high = edit.names.fresh(f"{out}_min"), edit.names.fresh(f"{out}_max")
         edit.new_inits.setdefault(value.scope.id, []).extend(
             [
-                numpy_helper.from_array(np.array(-largest, np.float32), low),
+                numpy_helper.from_array(np.array(bottom, np.float32), low),
                 numpy_helper.from_array(np.array(largest, np.float32), high),
             ]
         )
         proto = helper.make_node("Clip", [src_name, low, high], [out], name=name)
     else:
-        proto = helper.make_node("Clip", [src_name], [out], name=name, min=-largest, max=largest)
+        proto = helper.make_node("Clip", [src_name], [out], name=name, min=bottom, max=largest)
     if value.producer is not None:
         edit.after.setdefault(value.producer.id, []).append(proto)
     else:
@@ -357,7 +375,7 @@ def _retarget_attributes(edit: _Edit) -> None:
 
     Cast(to=FLOAT) planned fp16 -> Cast(to=FLOAT16);  ConstantOfShape(value=0.0f) -> value=0.0h"""
     stats, new_type, roles_out = edit.stats, edit.new_type, edit.plan.roles_out
-    clamp = edit.plan.clamp_initializers
+    plan = edit.plan
     for node in edit.index.nodes:
         t = edit.node_type[node.id]
         if t is None or node.domain != "":
@@ -374,7 +392,7 @@ def _retarget_attributes(edit: _Edit) -> None:
                 _retype_constant_of_shape(node.proto, t, stats)
         elif op == "Constant":
             if node.outputs[0] in new_type:
-                _retype_constant(node.proto, t, node.outputs[0].name in clamp, stats)
+                _retype_constant(node.proto, t, clamp_of(plan, node.outputs[0].name), stats)
 
 
 def _declare_types(edit: _Edit) -> None:
@@ -435,9 +453,12 @@ def _set_int_attr(proto, name, value, stats):
     stats.attributes_retargeted += 1
 
 
-def convert_array(data: np.ndarray, src: int, dst: int, clamp: bool = False):
+def convert_array(data: np.ndarray, src: int, dst: int, clamp: bool | float = False):
     """Convert array `data` stored as `src` into a TensorProto payload of type `dst`:
-    returns (raw bytes, clamped count)."""
+    returns (raw bytes, clamped count). `clamp` True clamps finite values beyond the range to its
+    largest magnitude; a float (a mask sentinel, plan/masks.py) is the value that every finite
+    value below it takes instead (the edge of the range itself included: -65504 has no headroom
+    for a sum either)."""
     if src == BFLOAT16:
         data = bf16_bits_to_float(data.view(np.uint16) if data.dtype != np.uint16 else data)
     values = np.asarray(data, dtype=np.float32)
@@ -447,9 +468,10 @@ def convert_array(data: np.ndarray, src: int, dst: int, clamp: bool = False):
     if clamp:
         limit = 65504.0 if dst == FLOAT16 else 3.3895313892515355e38
         finite = np.isfinite(values)
-        over = finite & (np.abs(values) > limit)
+        over = finite & ((np.abs(values) > limit) if clamp is True else (values < clamp))
         clamped = int(over.sum())
-        values = np.where(over, np.sign(values) * limit, values).astype(np.float32)
+        fill = np.sign(values) * limit if clamp is True else np.float32(clamp)
+        values = np.where(over, fill, values).astype(np.float32)
     if dst == FLOAT16:
         with np.errstate(over="ignore"):
             return values.astype("<f2").tobytes(), clamped
@@ -458,9 +480,16 @@ def convert_array(data: np.ndarray, src: int, dst: int, clamp: bool = False):
     raise InternalCheckError(f"cannot convert to {dst}")
 
 
-def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool, stats) -> TensorProto:
+def _count_clamped(stats: ApplyStats, clamp: bool | float, count: int) -> None:
+    if clamp is True:
+        stats.clamped_values += count
+    else:
+        stats.sentinel_values += count
+
+
+def _converted_tensor(tensor: TensorProto, name: str, dst: int, clamp: bool | float, stats) -> TensorProto:
     raw, clamped = convert_array(tensor_array(tensor, None), tensor.data_type, dst, clamp)
-    stats.clamped_values += clamped
+    _count_clamped(stats, clamp, clamped)
     out = TensorProto()
     out.name = name
     out.dims.extend(tensor.dims)
@@ -475,7 +504,7 @@ def _plan_initializer(value, wanted, out_need, names, new_inits, plan, jobs, spa
     values tensor is value.initializer) the values are converted, and a copy is a sparse
     initializer with the same indices and dims."""
     tensor = value.initializer
-    clamp = value.name in plan.clamp_initializers
+    clamp = clamp_of(plan, value.name)
     served = sum(len(users) for users in wanted.values())
     # A graph output that is an initializer keeps its exact values: consumers get copies.
     needs_original = bool(value.graph_outputs) or out_need is not None or served < len(value.consumers)
@@ -540,7 +569,7 @@ def _run_conversions(jobs, stats, sink: PayloadSink | None = None, converted: di
     for source, copy, dst, clamp, base_dir in rest:
         array = tensor_array(source, base_dir)
         raw, clamped = convert_array(array, source.data_type, dst, clamp)
-        stats.clamped_values += clamped
+        _count_clamped(stats, clamp, clamped)
         _store(source, copy, dst, raw, stats, array.nbytes, sink)
 
 

@@ -9,6 +9,10 @@ later can be traced to how it was made:
                              them; "sha256": null where a plan file written before them lacks them)
     autocast_onnx.plan       the plan's model fingerprint (plan/paint.py index_fingerprint), the
                              "model_fingerprint" a --plan-out file of the same conversion holds
+    autocast_onnx.runtime    the runtime whose kernels the plan counted on (the plan's "kernels"):
+                             "cuda" (also without --runtime: ONNX Runtime's CUDA provider is the
+                             design's), "tensorrt", "dml", or "any" (none); lint without --runtime
+                             lints the model for it, so that it agrees with the conversion
 
 It is a function of the plan alone, so a replayed plan gives the model planning gave, byte for
 byte. `record` (the rewrite's last pass, rewrite/apply.py) writes it, replacing an earlier record
@@ -34,7 +38,7 @@ from .._version import __version__
 from ..errors import one_line
 
 PREFIX = "autocast_onnx."
-FIELDS = ("version", "precision", "rules", "plan")
+FIELDS = ("version", "precision", "rules", "plan", "runtime")
 # A value longer than this is not read: a record's rules list of a few rule files holds some
 # hundreds of characters; a value of 64 Ki characters is no record's. It is kept cut to PREVIEW
 # characters, which is also as much of any value as the provenance line shows.
@@ -52,6 +56,7 @@ def record(model: onnx.ModelProto, plan) -> None:
         "precision": plan.target.value,
         "rules": json.dumps(rules, separators=(",", ":")),
         "plan": plan.fingerprint or "",
+        "runtime": plan.kernels,
     }
     keys = {PREFIX + name for name in FIELDS}
     kept = [p for p in model.metadata_props if p.key not in keys]
@@ -140,6 +145,8 @@ def describe(path, found: dict, problems=()) -> str:
         parts.append(f"rules {_shown(rules)!r}")
     if found["plan"] is not None:
         parts.append(f"plan {_shown(found['plan'])}")
+    if found.get("runtime") is not None:
+        parts.append(f"planned for {_shown(found['runtime'])}")
     if problems:
         parts.append(
             f"warning: the record cannot be read ({', '.join(problems)}): converting the model writes a fresh one"

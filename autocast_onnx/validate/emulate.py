@@ -13,10 +13,39 @@ itself, so fp16 overflow, underflow and rounding mostly vanish. The emulation mo
   * converts fp16/bf16 initializers to fp32 exactly, and keeps the model's inputs and outputs
     with their declared types.
 
-What it does not model: the internal order of floating-point sums inside one kernel (cuBLAS
-and cuDNN choose their own), fused kernels that keep intermediates in fp32, and kernels that
-compute an fp16 elementwise op in fp16 arithmetic rather than fp32 followed by rounding. These
-change results in the last bits, not overflow and NaN behaviour.
+That is exactly what a kernel computes that converts its inputs to float, computes in float and
+rounds each output once: the "float"/"once" rows of the design runtime's compute table
+(catalog/compute.py, data/compute_cuda.json: ONNX Runtime's CUDA provider, read from its source),
+such as Softmax, LayerNormalization, ReduceSum, Exp, Tanh, fp16 Sigmoid and MatMul. A kernel that
+does a single correctly rounded low-precision operation (Add, Mul, Relu, Max: "native"/"once")
+computes the same numbers too.
+
+Kernels that chain several low-precision operations, each rounding ("per-step"), are rewritten
+first into those steps as standard ONNX ops at the low type (emulate_steps.py), so each step is
+rounded as on the GPU: FastGelu, Gelu with approximate='tanh', fp16 BiasGelu, QuickGelu, bf16
+Sigmoid, Elu, Selu, Softplus, Softsign, HardSigmoid, Sum of three or more inputs, BiasAdd, and
+LeakyRelu and ThresholdedRelu, whose alpha the kernel rounds. These differ from a single rounding
+by far more than the last bit (FastGelu near x = -3.5: thousands of fp16 ulps, up to 2e-3
+absolute; bf16 Sigmoid for negative x: up to 5e-3 absolute).
+
+What it still does not model, with the compute table's row for each (docs/validate.md, "What
+emulation does not model"):
+
+  * the order of floating-point sums inside one kernel (cuBLAS, cuDNN and the reductions choose
+    their own), and the float math library (CUDA's expf/tanhf/erff against the CPU's: an ulp of
+    float, which moves a low-precision rounding once in thousands of values);
+  * kernels that round inside in ways the rewrite does not reproduce: SkipLayerNormalization and
+    SkipSimplifiedLayerNormalization (statistics accumulated in the low type by block reductions,
+    unless the provider's strict mode is on), InstanceNormalization with a batch above 1
+    (normalised in fp16 after float statistics), ReduceMean on its fast path (the sum rounded to
+    fp16, then divided in fp16), ReduceSumSquare, ReduceLogSum and ReduceLogSumExp (fp16
+    intermediates), Conv/ConvTranspose with a bias (the convolution rounded before the bias add:
+    one extra rounding, at most an ulp), Gemm, FusedMatMul and TransposeMatMul (alpha and beta
+    rounded to the low type first: exact for 1 and 0), attention kernels (scores and
+    probabilities rounded to fp16 between their GEMMs), Softmax on rows of 1025 to 2048 in
+    batches of 8192 rows or more, SkipGroupNorm, BiasSplitGelu, and the bf16 erf-Gelus (normcdf
+    rounded to bf16 before the product: one extra rounding) - their emulation rounds once;
+  * fused kernels that keep intermediates in fp32 between what are separate nodes in the graph.
 """
 
 from __future__ import annotations
@@ -29,6 +58,7 @@ from ..dtypes import BFLOAT16, FLOAT, FLOAT16, bf16_bits_to_float
 from ..errors import AutocastError
 from ..graph import build_index
 from ..rewrite.edit import Names, cast_node, write_nodes
+from .emulate_steps import decompose
 
 LOW = (FLOAT16, BFLOAT16)
 
@@ -38,6 +68,7 @@ def emulation_model(model: onnx.ModelProto, where: str = "<converted>") -> onnx.
     the rewrite's editing helpers (rewrite/edit.py): only `rewrite/` knows how to edit a graph."""
     emu = onnx.ModelProto()
     emu.CopyFrom(model)
+    decompose(emu, where)  # kernels that round inside themselves: their steps, at the low type (emulate_steps.py)
     index = build_index(emu, where)
     names = Names(index)
     head: dict[int, list] = {}  # scope id -> nodes to add at the head
