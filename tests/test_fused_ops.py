@@ -186,7 +186,7 @@ def test_skip_layer_norm_stays_fp32_because_fp16_costs_bert_accuracy(optimize, t
     low.write_text('[ops.low_precision]\n"com.microsoft:SkipLayerNormalization" = "measuring the default"\n')
     errors, casts = {}, {}
     for variant, rules in (("default", []), ("low", [low])):
-        result = autocast_onnx.convert(path, rules=rules)
+        result = autocast_onnx.convert(path, rules=rules, precise=True)  # the fast plan's stream is fp16 anyway
         report = autocast_onnx.validate(path, result.model, speed=False, batches=4, seed=1)
         errors[variant] = max(o.max_abs_error for o in report.outputs)
         casts[variant] = result.stats.casts_added

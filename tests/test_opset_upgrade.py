@@ -16,7 +16,7 @@ import pytest
 from bad_input_helpers import assert_one_error, invoke, sha
 from helpers import F16, F32, parse, randn, run, tensor
 from helpers import model as make_model
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import autocast_onnx
 from autocast_onnx import AutocastError
@@ -95,21 +95,34 @@ def _save(m, path: Path) -> Path:
 
 
 # ---- what the upgrade gains ----------------------------------------------------------------------
-def test_batchnorm_at_opset_11_runs_fp16_with_fp32_parameters_after_opset_15():
+def test_batchnorm_whose_parameters_flush_is_not_offered_the_opset_15_upgrade():
+    # Opset 15 lets BatchNormalization take fp16 data beside fp32 parameters, but ONNX Runtime's
+    # CUDA provider has no such kernel (a CPU fallback): a node whose parameters do not survive fp16
+    # runs fp32 whole at any opset (plan/batchnorm.py), so no warning suggests the upgrade.
     before = autocast_onnx.convert(_bn(11))
-    assert _by_name(before, "bn").precision == "fp32"  # the opset-11 schema ties parameters to the data type
+    assert _by_name(before, "bn").precision == "fp32"
+    assert not [w for w in before.plan.warnings if w.code == "schema-limited"]
     result = autocast_onnx.convert(_bn(11), opset=15)
-    assert _by_name(result, "bn").precision == "fp16"
+    assert _by_name(result, "bn").precision in ("fp32", "unchanged")
     out = result.model
     assert default_opset(out) == 15
     types = {t.name: t.data_type for t in out.graph.initializer}
     assert all(types[name] == TensorProto.FLOAT for name in ("scale", "bias", "mean", "var"))
-    (bn,) = [n for n in out.graph.node if n.op_type == "BatchNormalization"]
-    assert bn.input[1:] == ["scale", "bias", "mean", "var"]  # read as they are, no Cast in between
     x = randn([1, 3, 8, 8], 5)
     (want,) = run(_bn(11), {"x": x})
     (got,) = run(out, {"x": x})
     assert np.abs(got - want).max() < 1e-2
+
+
+def test_batchnorm_whose_parameters_survive_runs_fp16_whole_at_opset_11():
+    m = _bn(11)
+    for t in m.graph.initializer:
+        if t.name == "scale":
+            t.CopyFrom(numpy_helper.from_array(np.ones(4, np.float32), "scale"))
+    result = autocast_onnx.convert(m)
+    assert _by_name(result, "bn").precision == "fp16"
+    types = {t.name: t.data_type for t in result.model.graph.initializer}
+    assert all(types[name] == TensorProto.FLOAT16 for name in ("scale", "bias", "mean", "var"))
 
 
 def test_cnn_at_opset_17_puts_conv_in_bf16_with_opset_22():
@@ -127,10 +140,6 @@ def test_the_warnings_suggest_opset_but_nothing_upgrades_unasked():
     (little,) = [w for w in result.plan.warnings if w.code == "little-conversion"]
     assert "pass --opset 22 to upgrade the model first" in little.message
     assert default_opset(result.model) == 17 and result.plan.opset is None
-    bn = autocast_onnx.convert(_bn(11))
-    (limited,) = [w for w in bn.plan.warnings if w.code == "schema-limited"]
-    assert "pass --opset 15" in limited.message
-    assert default_opset(bn.model) == 11
 
 
 # ---- refusals --------------------------------------------------------------------------------------

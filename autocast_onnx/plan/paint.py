@@ -31,7 +31,15 @@ from ..errors import InternalCheckError
 from ..graph import GraphIndex, signatures
 from ..graph.shapes import MAC_OPS
 from ..hazards import PASS_ON_OPS, RangeFacts, range_facts, range_sentence
-from .classify import Classification, _check_constants, constant_array, is_constant, opset_admitting, schema_role
+from .classify import (
+    BN_KEPT,
+    Classification,
+    _check_constants,
+    constant_array,
+    is_constant,
+    opset_admitting,
+    schema_role,
+)
 from .model import NodePlan, PlanWarning, PrecisionPlan, Reason
 from .vocab import CATEGORY_NAME, PRECISION_OF_TYPE, Category, Paint, PortRole, Precision, Seed, required_type
 
@@ -744,6 +752,8 @@ def warn_schema_limits(index: GraphIndex, rules, plan: PrecisionPlan) -> None:
     codes = plan.last_reason_codes()  # without building the node entries
     for node in index.nodes:
         if codes[node.id] == "schema" and plan.precisions[node.id] == Precision.FP32 and node.op not in MAC_OPS:
+            if node.op == "BatchNormalization" and any(r.code == BN_KEPT for r in plan.nodes[node.id].reasons):
+                continue  # its parameters do not survive the low type: no opset would let it convert
             by_op.setdefault((node.domain, node.op), []).append(node)
     tname = dtype_name(plan.target.elem_type)
     for (domain, op), group in sorted(by_op.items()):
