@@ -224,7 +224,7 @@ def test_ratios_hold_each_pair_to_its_goal(bench):
     fused = rows[("bert", "ort-opt -> autocast")]
     assert fused["bytes_ratio"] == pytest.approx(300 / 290) and fused["goal"] == 1.05 and fused["bytes_ok"] is True
     assert fused["error_ok"] is False
-    missing = rows[("bert", "autocast cuda")]  # no such row: nothing to compare
+    missing = rows[("bert", "autocast precise")]  # no such row: nothing to compare
     assert missing["bytes_ratio"] is None and missing["bytes_ok"] is None
     assert ("resnet50", "autocast") not in rows and ("convnext", "autocast") in rows
     text = bench.ratio_table(bench.ratios(results()))

@@ -108,16 +108,41 @@ def _batchnorm_stack(opset: int, layers: int = 3):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
+def _leaky_stack(opset: int, layers: int = 3):
+    """MatMul -> LeakyRelu x `layers` -> MatMul at `opset`: LeakyRelu's schema has bfloat16 only
+    from opset 16."""
+    from onnx import helper, numpy_helper
+
+    nodes, prev = [helper.make_node("MatMul", ["x", "w"], ["m0"], name="mm0")], "m0"
+    for k in range(layers):
+        nodes.append(helper.make_node("LeakyRelu", [prev], [f"l{k}"], name=f"leaky{k}"))
+        prev = f"l{k}"
+    nodes.append(helper.make_node("MatMul", [prev, "w"], ["y"], name="mm1"))
+    graph = helper.make_graph(
+        nodes,
+        "leaky",
+        [helper.make_tensor_value_info("x", 1, [4, 8])],
+        [helper.make_tensor_value_info("y", 1, [4, 8])],
+        [numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
 def test_ops_a_later_opset_would_convert_warn_with_that_opset():
-    """BatchNormalization takes low-precision data with fp32 parameters (which the rules pin)
-    only from opset 15: before, every one stays fp32 for its schema, and the plan says so once,
-    with the opset that would let them convert (not 14, whose data type is still tied to the
-    scale's)."""
-    for opset, precision in ((11, "fp16"), (14, "fp16"), (13, "bf16")):
-        plan = autocast_onnx.convert(_batchnorm_stack(opset), precision=precision).plan
+    """LeakyRelu has bfloat16 only from opset 16: before, every one stays fp32 for its schema, and
+    the plan says so once, with the opset that would let them convert."""
+    for opset in (13, 15):
+        plan = autocast_onnx.convert(_leaky_stack(opset), precision="bf16").plan
         found = [w.message for w in plan.warnings if w.code == "schema-limited"]
-        assert len(found) == 1 and "3 BatchNormalization node(s) stay fp32" in found[0], (opset, found)
-        assert "opset 15 lets them run in" in found[0], found[0]
-    for precision in ("fp16", "bf16"):  # the schema admits it: nothing to say
-        plan = autocast_onnx.convert(_batchnorm_stack(15), precision=precision).plan
-        assert not [w for w in plan.warnings if w.code == "schema-limited"], precision
+        assert len(found) == 1 and "3 LeakyRelu node(s) stay fp32" in found[0], (opset, found)
+        assert "opset 16 lets them run in bf16" in found[0], found[0]
+    plan = autocast_onnx.convert(_leaky_stack(16), precision="bf16").plan  # the schema admits it
+    assert not [w for w in plan.warnings if w.code == "schema-limited"]
+
+
+def test_batchnorm_whose_parameters_do_not_survive_is_offered_no_opset():
+    """A BatchNormalization whose parameters no low type holds runs fp32 whole at every opset
+    (plan/batchnorm.py): no later opset would let it convert, so nothing suggests one."""
+    for opset, precision in ((11, "fp16"), (14, "fp16"), (13, "bf16"), (15, "fp16")):
+        plan = autocast_onnx.convert(_batchnorm_stack(opset), precision=precision).plan
+        assert not [w for w in plan.warnings if w.code == "schema-limited"], (opset, precision)

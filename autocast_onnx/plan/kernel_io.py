@@ -460,6 +460,7 @@ def _cone_reason(node, fed, low_type: int) -> Reason:
         f"fp32 only because nothing {low} fed it, it feeds {fed.op} {fed.label} of the fast plan: it runs {low} with "
         f"it, its constants stored in {low} (each fits), so no Cast sits between them and the runtime's fusion of the "
         "two stays whole; --precise keeps it fp32",
+        value=0.0,  # no Cast of its own: the one it saves is counted at the node it feeds
     )
 
 

@@ -102,14 +102,22 @@ def _fast_plan(plan) -> dict:
     nodes the fast plan runs low with their neighbours (plan/kernel_io.py, reason "fast-plan"), and the bytes the
     Casts on their own tensors would move in the precise plan (--precise; None where a shape is unknown): a floor
     of its extra cost, since the streams between them stay fp32 there too. Empty without any."""
-    lowered = [i for i, code in enumerate(plan.last_reason_codes()) if code == "fast-plan"]
-    if not lowered:
+    picked = [i for i, code in enumerate(plan.last_reason_codes()) if code == "fast-plan"]
+    if not picked:
         return {}
     nodes = plan.nodes
+    lowered = [i for i in picked if nodes[i].category == "keep_fp32"]
+    upstream = [i for i in picked if nodes[i].category != "keep_fp32"]
     ops = Counter(nodes[i].op_type for i in lowered)
     sizes = [nodes[i].reasons[-1].value for i in lowered]
     known = None if any(v is None for v in sizes) else int(sum(v for v in sizes if v is not None))
-    return {"fast_plan": {"nodes": len(lowered), "ops": dict(sorted(ops.items())), "cast_bytes": known}}
+    out = {"nodes": len(lowered), "ops": dict(sorted(ops.items())), "cast_bytes": known}
+    if upstream:
+        out["upstream"] = {
+            "nodes": len(upstream),
+            "ops": dict(sorted(Counter(nodes[i].op_type for i in upstream).items())),
+        }
+    return {"fast_plan": out}
 
 
 def _no_kernel(plan) -> dict:
@@ -207,10 +215,17 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     if "fast_plan" in s:
         fast = s["fast_plan"]
         cost = f" (their Casts alone: {fast['cast_bytes']:,} bytes per inference)" if fast["cast_bytes"] else ""
+        up = fast.get("upstream")
+        feeding = (
+            f", and {up['nodes']} fp32 only because nothing low fed them go low with the nodes they feed "
+            f"({', '.join(f'{op} {n}' for op, n in up['ops'].items())}; their constants fit {plan.target})"
+            if up
+            else ""
+        )
         lines.append(
             f"fast plan: {fast['nodes']} keep_fp32 nodes run at {plan.target} inputs and outputs with their neighbours "
-            f"({', '.join(f'{op} {n}' for op, n in fast['ops'].items())}; the runtime's kernels compute them in fp32); "
-            f"--precise keeps them and the streams between them fp32{cost}"
+            f"({', '.join(f'{op} {n}' for op, n in fast['ops'].items())}; the runtime's kernels compute them in fp32)"
+            f"{feeding}; --precise keeps them and the streams between them fp32{cost}"
         )
     if plan.runtime is not None:
         lines.append(_runtime_line(plan, s["cost"]))

@@ -1,6 +1,6 @@
 """The explicit opset upgrade (`--opset N`): the model's default-domain opset raised to N by ONNX's
 version converter before anything is planned, so that ops whose low-precision schema types come
-with a later opset (bf16 Conv from 22, BatchNormalization with fp32 parameters from 15, fp16 Q/DQ
+with a later opset (bf16 Conv from 22, fp16 Q/DQ
 scales from 19) can convert. The tool never upgrades unasked; planning only suggests it.
 
 The upgrade edits the model in place (a caller's `copy=False` model is the one converted) and
