@@ -106,17 +106,32 @@ def test_a_mask_sentinel_runs_the_mask_add_and_softmax_low(precision, pattern, f
 
 def test_without_the_retarget_the_fully_masked_row_would_be_nan():
     """The hazard the sentinel removes: the converted model with float32's lowest put back where
-    the sentinel went (the Where stays fp32 here, so the sentinel is the lower bound of the Clip
-    before the Cast into the fp16 Add)."""
+    the sentinel went (with --precise the Where stays fp32, so the sentinel is the lower bound of
+    the Clip before the Cast into the fp16 Add)."""
     m = attention("where")
     feeds = {"x": randn([S, H], seed=4).astype(np.float32), "keep": keep_rows("where")}
-    converted = convert(m).model
+    converted = convert(m, precise=True).model
     [clip] = [n for n in converted.graph.node if n.op_type == "Clip"]
     [low] = [t for t in converted.graph.initializer if t.name == clip.input[1]]
     assert float(numpy_helper.to_array(low)) == -49152.0
     assert np.isfinite(run(converted, feeds, emulate=True)).all()
     low.CopyFrom(init(low.name, LOWEST))
     assert np.isnan(run(converted, feeds, emulate=True)[1]).all()
+
+
+def test_the_fast_plan_runs_the_mask_where_low_with_the_sentinel_stored_in_fp16():
+    """By default the mask's Where (fp32 only because nothing low fed it) runs fp16 with the Add it
+    feeds: the fill is stored as the fp16 sentinel, no Clip and no Cast sit between them (ONNX
+    Runtime's Attention fusion matches the mask path), and the output is what --precise gives."""
+    m = attention("where")
+    feeds = {"x": randn([S, H], seed=4).astype(np.float32), "keep": keep_rows("where")}
+    result = convert(m)
+    assert not [n for n in result.model.graph.node if n.op_type == "Clip"]
+    [fill] = [t for t in result.model.graph.initializer if t.name == "fill"]
+    assert fill.data_type == 10 and float(numpy_helper.to_array(fill)) == -49152.0
+    got, precise = run(result.model, feeds, emulate=True), run(convert(m, precise=True).model, feeds, emulate=True)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, precise)
 
 
 def test_two_masks_summed_take_half_the_sentinel_each():

@@ -378,16 +378,21 @@ CONE_LIMIT = 64  # nodes of one upstream cone
 
 
 def upstream(index: GraphIndex, chosen: Mapping, paint: list, c, low_type: int) -> dict[int, Reason]:
-    """The fp32 nodes upstream of the fast plan's nodes that are fp32 only because nothing low fed
-    them (unseeded follow and clear nodes: an embedding sum of Gathers from fp32 tables), when
-    every float input of the region is a constant that fits the low type (or low already) and every
-    reader of it is a fast-plan node or low: the region runs low too, its constants stored low, so
-    no Cast sits between it and the node it feeds (the Add of a SkipLayerNormalization fusion)."""
+    """The fp32 nodes upstream of the fast plan's nodes, or of nodes already low, that are fp32
+    only because nothing low fed them (unseeded follow and clear nodes: an embedding sum of
+    Gathers from fp32 tables, an attention mask's Where between constants), when every float
+    input of the region is a constant that fits the low type (an attention-mask sentinel counts:
+    it is stored as its sentinel) or is low already, and every reader of it is a fast-plan node or
+    low: the region runs low too, its constants stored low, so no Cast sits between it and the node
+    it feeds (the Add of a SkipLayerNormalization fusion, the mask Add of an Attention fusion)."""
     found: dict[int, Reason] = {}
-    for i in chosen:
+    starts = list(chosen) + [i for i, p in enumerate(paint) if p == _LOW]
+    for i in starts:
         node = index.nodes[i]
         for port, value in enumerate(node.inputs):
             if value is None or c.roles_in[i][port] != _FOLLOW or value.producer is None:
+                continue
+            if value.producer.id in found:
                 continue
             cone = _cone(value.producer, paint, c, low_type, set(chosen) | set(found))
             for j in cone or ():
@@ -415,7 +420,7 @@ def _cone(start, paint: list, c, low_type: int, low_ids: set) -> set | None:
             if producer is None or producer.op == "Constant":
                 if value.kind == "input" and value.dtype != low_type:
                     return None
-                if value.kind != "input" and not _constant_fits(value, low_type):
+                if value.kind != "input" and value.name not in c.sentinels and not _constant_fits(value, low_type):
                     return None
             elif paint[producer.id] != _LOW:
                 if not _open_fp32(producer.id, producer, paint, c):
@@ -457,9 +462,9 @@ def _cone_reason(node, fed, low_type: int) -> Reason:
     low = dtype_name(low_type)
     return Reason(
         FAST_CODE,
-        f"fp32 only because nothing {low} fed it, it feeds {fed.op} {fed.label} of the fast plan: it runs {low} with "
-        f"it, its constants stored in {low} (each fits), so no Cast sits between them and the runtime's fusion of the "
-        "two stays whole; --precise keeps it fp32",
+        f"fp32 only because nothing {low} fed it, it feeds {fed.op} {fed.label}, which runs {low} (the fast plan): it "
+        f"runs {low} with it, its constants stored in {low} (each fits, or is an attention mask's sentinel), so no "
+        "Cast sits between them and the runtime's fusion of the two stays whole; --precise keeps it fp32",
         value=0.0,  # no Cast of its own: the one it saves is counted at the node it feeds
     )
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import onnx
 
-from ..dtypes import FLOAT, LIMITS, dtype_name
+from ..dtypes import FLOAT, FLOAT16, LIMITS, dtype_name
 from ..errors import InternalCheckError
 from ..graph import GraphIndex, signatures
 from ..graph.shapes import MAC_OPS
@@ -186,9 +186,11 @@ def _fast_phase(state: _State, index, keep_io_types: bool, order, low_io, runtim
     again, and the candidates whose inputs or readers ended fp32 dropped, until none is dropped:
     the largest set that holds together. Returns (node id -> Reason, the painting), or ({}, None)
     when nothing holds or the rounds run out (then the conservative plan stands)."""
-    from .kernel_io import fast_candidates, still_low, upstream
+    from .kernel_io import FAST_RUNTIMES, fast_candidates, still_low, upstream
 
     c, low_type = state.classification, state.target_type
+    if runtime not in FAST_RUNTIMES or low_type != FLOAT16:
+        return {}, None
     chosen = fast_candidates(index, state.paint, c, low_type, keeps, runtime, shapes)
     cone = upstream(index, chosen, state.paint, c, low_type)
     chosen.update(cone)
