@@ -80,6 +80,7 @@ class LintContext:
 
             load_rules(self.rules)  # a broken rule file is the user's error, reported now
         self._plan: list[str] | None = None  # Precision per node id (a str enum), once computed
+        self._sentinels: dict = {}  # the plan's mask sentinels, with it
         self._training: tuple | None = None  # (TrainingGraph or None,), once recognised
         self._patterns: list[dict] | None = None
 
@@ -140,12 +141,19 @@ class LintContext:
                     low_precision_io=None,
                     strict=False,
                 )
-                self._plan = plan_model(self.model, options=options).plan.precisions
+                planned = plan_model(self.model, options=options).plan
+                self._plan, self._sentinels = planned.precisions, dict(planned.mask_sentinels)
             except AutocastError:  # e.g. an opset too old for bf16: nothing would be converted
                 self._plan = []
         if node.id >= len(self._plan):
             return None
-        return self._plan[node.id] in ("fp32", "unchanged")
+        return self._plan[node.id] in ("fp32", "unchanged") or bool(self.sentinel_of(node))
+
+    def sentinel_of(self, node) -> dict:
+        """{constant name: sentinel} of the mask sentinels the default conversion stores for the
+        constants `node` reads (prospective mode; plan/masks.py): such a constant is safe in fp16."""
+        sentinels = self._sentinels
+        return {v.name: sentinels[v.name] for v in node.inputs if v is not None and v.name in sentinels}
 
     def diag(self, check, node, message, value=None, tensor=None, judged: bool = True) -> Diagnostic:
         """A finding at `node` (None: the model). `judged`: say whether the default rules would
@@ -154,7 +162,12 @@ class LintContext:
         severity = check.severity
         if protected:
             severity = "info"
-            message += "; the default conversion rules keep this fp32"
+            stored = self.sentinel_of(node) if self._plan and self._plan[node.id] not in ("fp32", "unchanged") else {}
+            if stored:
+                said = ", ".join(f"'{name}' as {value:g}" for name, value in stored.items())
+                message += f"; the default conversion stores the mask constant {said} (its sentinel), which fp16 holds"
+            else:
+                message += "; the default conversion rules keep this fp32"
         elif self.mode == "prospective" and protected is False:
             message += "; the default conversion rules would NOT protect this"
         return report(
