@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from onnx import TensorProto
@@ -102,6 +102,7 @@ def _at(source: str, commit: str) -> str:
     return f"{source}@{commit[:9]}"
 
 
+@lru_cache(maxsize=4096)  # pure: the tables are read once; the planner asks per node
 def computes_in_fp32(runtime: str | None, domain: str, op: str, low_type: int) -> ComputeFact | None:
     """How `runtime`'s kernel for `op` of `domain` computes with inputs and outputs of `low_type` (TensorProto
     FLOAT16 or BFLOAT16): a ComputeFact, whose `fp32_once` says whether it computes in fp32 and rounds once.

@@ -386,16 +386,23 @@ def upstream(index: GraphIndex, chosen: Mapping, paint: list, c, low_type: int) 
     low: the region runs low too, its constants stored low, so no Cast sits between it and the node
     it feeds (the Add of a SkipLayerNormalization fusion, the mask Add of an Attention fusion)."""
     found: dict[int, Reason] = {}
+    members = set(chosen)  # the fast plan's nodes and the regions found so far, one set for all
+    refused: set = set()  # region tops already tried and refused (each is tried once: linear)
     starts = list(chosen) + [i for i, p in enumerate(paint) if p == _LOW]
     for i in starts:
         node = index.nodes[i]
         for port, value in enumerate(node.inputs):
             if value is None or c.roles_in[i][port] != _FOLLOW or value.producer is None:
                 continue
-            if value.producer.id in found:
+            top = value.producer.id
+            if top in found or top in refused:
                 continue
-            cone = _cone(value.producer, paint, c, low_type, set(chosen) | set(found))
-            for j in cone or ():
+            cone = _cone(value.producer, paint, c, low_type, members)
+            if cone is None:
+                refused.add(top)
+                continue
+            members |= cone
+            for j in cone:
                 found[j] = _cone_reason(index.nodes[j], node, low_type)
     return found
 
@@ -426,7 +433,7 @@ def _cone(start, paint: list, c, low_type: int, low_ids: set) -> set | None:
                 if not _open_fp32(producer.id, producer, paint, c):
                     return None
                 todo.append(producer)
-    if not all(_read_within(node, c, paint, cone | low_ids) for node in nodes):
+    if not all(_read_within(node, c, paint, cone, low_ids) for node in nodes):
         return None
     return cone
 
@@ -442,7 +449,7 @@ def _open_fp32(j: int, node, paint: list, c) -> bool:
     )
 
 
-def _read_within(node, c, paint: list, members: set) -> bool:
+def _read_within(node, c, paint: list, cone: set, members: set) -> bool:
     """Whether every reader of the node's float outputs is a member of the region or low (a reader
     of its shape only, any), and none of them is a graph output."""
     for k, value in enumerate(node.outputs):
@@ -451,7 +458,7 @@ def _read_within(node, c, paint: list, members: set) -> bool:
         if value.graph_outputs:
             return False
         for consumer, port in value.consumers:
-            if consumer.id in members or paint[consumer.id] == _LOW:
+            if consumer.id in cone or consumer.id in members or paint[consumer.id] == _LOW:
                 continue
             if c.roles_in[consumer.id][port] in (_FOLLOW, PortRole.FP32.value):
                 return False
