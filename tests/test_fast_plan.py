@@ -213,3 +213,55 @@ def test_a_cast_to_the_low_type_reads_low_so_a_second_conversion_changes_nothing
     assert again.model.SerializeToString() == first.model.SerializeToString()
     direct = convert(softmax_then_cast(10))
     assert precisions(direct)["sm"] == "fp16" and direct.stats.casts_added == 1
+
+
+def wide_softmax(width=1500, rows=16):
+    """x -> MatMul -> Softmax over `width` columns -> MatMul -> y: Whisper's 1500-wide attention rows."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["s"], name="mm0"),
+        helper.make_node("Softmax", ["s"], ["p"], name="sm", axis=-1),
+        helper.make_node("MatMul", ["p", "w1"], ["y"], name="mm1"),
+    ]
+    inits = [init("w0", randn([H, width], 1, 0.5)), init("w1", randn([width, H], 2, 0.3))]
+    m = model(nodes, [tensor("x", F32, [rows, H])], [tensor("y", F32, [rows, H])], inits)
+    check(m)
+    return m
+
+
+def test_a_softmax_on_the_kernels_rounding_path_runs_low_and_is_emulated_step_by_step():
+    """Rows of 1025 to 2048 take ONNX Runtime's resource-efficient CUDA Softmax, which keeps the row in
+    fp16 (data/compute_cuda.json, conditions): pass 6 leaves it (no bit-identity), the fast plan takes it
+    with a reason that says so, and validate's emulation rounds x - max, exp and the output."""
+    m = wide_softmax()
+    fast, precise = convert(m), convert(m, precise=True)
+    assert precisions(fast)["sm"] == "fp16" and precisions(precise)["sm"] == "fp32"
+    why = fast.plan.by_name("sm")[0].reasons[-1]
+    assert why.code == "fast-plan" and "rows of 1025 to 2048" in why.message
+    from autocast_onnx.validate.emulate_steps import decompose
+
+    emulated = emulation_model(fast.model)
+    assert any("__emu_step" in o for n in emulated.graph.node for o in n.output if n.op_type == "Reciprocal")
+    feeds = {"x": randn([16, H], 3)}
+    ref = run(m, feeds)[0]
+    out = run(emulated, feeds)[0]
+    assert np.abs(out - ref).max() <= 2e-2 * max(1.0, np.abs(ref).max())
+    narrow = autocast_onnx.convert(wide_softmax(width=1000)).model
+    assert decompose(narrow) == 0  # the general kernel: float, one rounding
+
+
+def test_the_wide_softmax_steps_are_the_kernels():
+    """The emulated steps of the resource-efficient Softmax against numpy's account of the kernel
+    (softmax_warpwise_impl.cuh: the row in half, x - max and exp stored in half, the float sum, the
+    output times its reciprocal rounded once), on fp16 scores."""
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=-1)]
+    m = model(nodes, [tensor("x", 10, [3, 1500])], [tensor("y", 10, [3, 1500])], [])
+    x = (np.random.default_rng(5).standard_normal((3, 1500)) * 4).astype(np.float16)
+    out = run(emulation_model(m), {"x": x})[0].astype(np.float32)
+    d = (x.astype(np.float32) - x.astype(np.float32).max(-1, keepdims=True)).astype(np.float16)
+    e = np.exp(d.astype(np.float32)).astype(np.float16).astype(np.float32)
+    want = (e * (1.0 / e.sum(-1, keepdims=True, dtype=np.float32))).astype(np.float16).astype(np.float32)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(out - want) <= ulp)  # the float exp and sum may move one rounding
+    once = np.exp(x.astype(np.float32) - x.astype(np.float32).max(-1, keepdims=True))
+    once = (once / once.sum(-1, keepdims=True)).astype(np.float16).astype(np.float32)
+    assert not np.array_equal(out, once)  # not the general kernel's one rounding

@@ -82,7 +82,7 @@ def lowerable(
         if paint[i] != _FP32 or c.categories[i] != Category.KEEP_FP32 or c.seeds[i] is not None or c.frozen[i]:
             continue
         fact = facts(runtime, node.domain, node.op, low_type)
-        if fact is None or not fact.fp32_once or _other_path(node, shapes):
+        if fact is None or not fact.fp32_once or _other_path(node, shapes, any_rows=True):
             continue
         if not _inputs_low(node, paint, c.roles_in[i], low_type):
             continue
@@ -100,11 +100,13 @@ def lowerable(
 SOFTMAX_ROWS = (1024, 2048, 8192)  # ONNX Runtime's softmax rounds intermediates at 1024 < D <= 2048 and N >= 8192
 
 
-def _other_path(node, shapes) -> bool:
+def _other_path(node, shapes, any_rows: bool = False) -> bool:
     """Whether the kernel would take a path other than its general one at the sizes known (the
     shapes inferred at validation's sizes): ONNX Runtime's CUDA Softmax and LogSoftmax round
     intermediates on rows of 1025 to 2048 elements in batches of 8192 rows or more
-    (data/compute_cuda.json, `conditions`). Unknown sizes take the general path."""
+    (data/compute_cuda.json, `conditions`). Unknown sizes take the general path. With `any_rows`,
+    rows of that width count whatever their number: validate's emulation takes the rounding path
+    for every such row (validate/emulate_steps.py), so pass 6's bit-identity holds only without them."""
     if node.op not in ("Softmax", "LogSoftmax") or shapes is None or not node.inputs or node.inputs[0] is None:
         return False
     shape = shapes.get(node.inputs[0].name, (None, None))[1]
@@ -113,6 +115,8 @@ def _other_path(node, shapes) -> bool:
     axis = next((a.i for a in node.proto.attribute if a.name == "axis"), -1)
     width = shape[axis % len(shape)]
     low, high, rows = SOFTMAX_ROWS
+    if any_rows:
+        return isinstance(width, int) and low < width <= high
     return low < width <= high and math.prod(shape) // max(width, 1) >= rows
 
 
@@ -307,7 +311,10 @@ def fast_candidates(
         if (node.domain, node.op) not in FAST_OPS and not _saturating_pow(node):
             continue
         fact = facts(runtime, node.domain, node.op, low_type)
-        if fact is None or not fact.fp32_once or _other_path(node, shapes):
+        if fact is None or not fact.fp32_once:
+            continue
+        efficient = _other_path(node, shapes, any_rows=True)
+        if efficient and not (node.op == "Softmax" and node.domain == "" and (index.opset("") or 0) >= 13):
             continue
         if any(v is not None and v.graph_outputs and graph_keeps(v) for v in node.outputs):
             continue
@@ -317,7 +324,7 @@ def fast_candidates(
         if key not in kernels:
             kernels[key] = _missing_kernel(index, node, runtime, low_type, key[2:])
         if kernels[key] is None:
-            found[i] = _fast_reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes)
+            found[i] = _fast_reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes, efficient)
     return found
 
 
@@ -530,12 +537,20 @@ def _constant_fits(value, low_type: int) -> bool:
 FIT_CHECK_LIMIT = 1 << 26  # elements: a larger constant (256 MB of fp32) is not read to see whether it fits
 
 
-def _fast_reason(node, fact: ComputeFact, roles_in: str, roles_out: str, low_type: int, shapes) -> Reason:
+def _fast_reason(
+    node, fact: ComputeFact, roles_in: str, roles_out: str, low_type: int, shapes, efficient: bool = False
+) -> Reason:
     saved, said = _saving(node, roles_in, roles_out, low_type, shapes)
     low = dtype_name(low_type)
+    how = (
+        f"computes in fp32 but, on rows of 1025 to 2048 like these, keeps the row in {low} (x - max and exp rounded, "
+        "the output rounded again: three roundings of values in [0, 1], which validate's emulation takes step by step)"
+        if efficient
+        else "computes in fp32 and rounds its outputs once"
+    )
     return Reason(
         FAST_CODE,
-        f"{fact.label}'s {node.op} kernel computes in fp32 and rounds its outputs once ({fact.source}), and its "
+        f"{fact.label}'s {node.op} kernel {how} ({fact.source}), and its "
         f"neighbours run {low} with it (the fast plan): the tensors it reads and writes are stored in {low}, as an "
         f"all-{low} conversion stores them, saving {said} and keeping the runtime's fusions whole; --precise keeps it "
         "fp32 with the tensors around it",

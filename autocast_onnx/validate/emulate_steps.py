@@ -51,11 +51,26 @@ MS = "com.microsoft"
 class Steps:
     """The standard-op steps replacing one node, at the node's low type `low`."""
 
-    def __init__(self, names: Names, node, low: int):
+    def __init__(self, names: Names, node, low: int, opset: int = 0, shapes: dict | None = None):
         self.names = names
         self.low = low
         self.base = node.proto.name or node.op
         self.protos: list[onnx.NodeProto] = []
+        self.opset = opset
+        self.shapes = shapes or {}  # tensor name -> static dims (None where unknown), when a program needs them
+
+    def step(self, op: str, inputs: list, **attributes) -> str:
+        """One step with attributes (Cast, the reductions)."""
+        out = self.names.fresh(f"{self.base}__emu_step")
+        self.protos.append(helper.make_node(op, inputs, [out], name=self.names.fresh_node(out), **attributes))
+        return out
+
+    def ints(self, values: list) -> str:
+        """An int64 Constant (a reduction's axes)."""
+        out = self.names.fresh(f"{self.base}__emu_axes")
+        tensor = numpy_helper.from_array(np.array(values, dtype=np.int64), out)
+        self.protos.append(helper.make_node("Constant", [], [out], name=self.names.fresh_node(out), value=tensor))
+        return out
 
     def const(self, value: float) -> str:
         """A Constant of the low type holding `value` rounded to it, as the kernel converts its constants."""
@@ -206,6 +221,49 @@ def _bias_add(s: Steps, node) -> str | None:
     return s("Add", s("Add", x, bias), skip) if x and bias and skip else None
 
 
+SOFTMAX_EFFICIENT = (1024, 2048)  # softmax.cc: the resource-efficient warp kernel for 1024 < D <= 2048
+
+
+def _softmax(s: Steps, node) -> str | None:
+    """softmax_warp_forward_resource_efficient (rows of 1024 < D <= 2048; the table's condition also asks
+    for N >= 8192 rows, which a static shape seldom tells: the steps are taken for every such row, the side
+    that shows more error): the row stays in T, so x - max rounds, exp(x - max) is stored in T (rounds), and
+    the output is that value times the float reciprocal of the float sum, rounded once more. Other rows take
+    the general kernel (float, one rounding) and are left as they are. Opset 13 and later (one axis)."""
+    x = _input(node, 0)
+    if not x or s.opset < 13 or s.low != FLOAT16:
+        return None
+    dims = s.shapes.get(x)
+    axis = _attr(node, "axis", -1)
+    if not dims or not -len(dims) <= axis < len(dims):
+        return None
+    width = dims[axis]
+    if not isinstance(width, int) or not SOFTMAX_EFFICIENT[0] < width <= SOFTMAX_EFFICIENT[1]:
+        return None
+    if s.opset >= 18:
+        peak = s.step("ReduceMax", [x, s.ints([axis])], keepdims=1)
+    else:
+        peak = s.step("ReduceMax", [x], axes=[axis], keepdims=1)
+    e = s("Exp", s("Sub", x, peak))  # both stored in T
+    wide = s.step("Cast", [e], to=onnx.TensorProto.FLOAT)
+    total = s.step("ReduceSum", [wide, s.ints([axis])], keepdims=1)  # float accumulation
+    return s.step("Cast", [s("Mul", wide, s("Reciprocal", total))], to=s.low)
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict:
+    """tensor name -> dims (ints, None where symbolic) from ONNX shape inference, main graph."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):  # no shapes: the programs needing them decline
+        return {}
+    out = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return out
+
+
 def _rounded_alpha(node, low: int, default: float) -> bool:
     """LeakyRelu, ThresholdedRelu: the kernel converts alpha to the low type, then does one operation with it.
     Whether the node's alpha changed (False: the low type holds it exactly)."""
@@ -232,7 +290,9 @@ PROGRAMS: dict[tuple[str, str], Callable[[Steps, object], str | None]] = {
     ("", "HardSigmoid"): _hard_sigmoid,
     ("", "Sum"): _sum,
     (MS, "BiasAdd"): _bias_add,
+    ("", "Softmax"): _softmax,
 }
+NEEDS_SHAPES = {("", "Softmax")}
 ALPHA_ONLY = {("", "LeakyRelu"): 0.01, ("", "ThresholdedRelu"): 1.0}
 _OPS = {op for _, op in PROGRAMS} | {op for _, op in ALPHA_ONLY}
 
@@ -262,6 +322,8 @@ def decompose(model: onnx.ModelProto, where: str = "<converted>") -> int:
     names = Names(index)
     after: dict[int, list] = {}
     done = 0
+    opset = index.opset("") or 0
+    shapes = _static_shapes(model) if any(op in {o for _, o in NEEDS_SHAPES} for op in _ops_in(model.graph)) else {}
     for node in index.nodes:
         key = (normalize_domain(node.domain), node.op)
         outputs = [v for v in node.outputs if v is not None]
@@ -273,7 +335,7 @@ def decompose(model: onnx.ModelProto, where: str = "<converted>") -> int:
         if key in ALPHA_ONLY:
             done += _rounded_alpha(node, low, ALPHA_ONLY[key])
             continue
-        steps = Steps(names, node, low)
+        steps = Steps(names, node, low, opset, shapes)
         if PROGRAMS[key](steps, node) is None:
             continue
         steps.protos[-1].output[0] = outputs[0].name
