@@ -146,19 +146,27 @@ def _exact_constant(value, low_type: int) -> bool:
     changes no number): a LayerNormalization's scale of ones and bias of zeros, say."""
     if value.dtype == low_type:
         return True
+    array = _float_constant(value, EXACT_CHECK_LIMIT)
+    if array is None:
+        return False
+    return bool(np.array_equal(_rounded(array, low_type), array))
+
+
+def _float_constant(value, limit: int) -> np.ndarray | None:
+    """The values of an fp32 constant of at most `limit` elements, as float32; None for anything
+    else, or a constant that cannot be read here (the loader or the rewrite says why)."""
     if value.dtype != FLOAT or not is_constant(value):
-        return False
+        return None
     tensor = value.initializer
-    if tensor is not None and math.prod(tensor.dims) > EXACT_CHECK_LIMIT:
-        return False
+    if tensor is not None and math.prod(tensor.dims) > limit:
+        return None
     try:
         array = constant_array(value)
-    except (AutocastError, ValueError):  # unreadable here: the loader or the rewrite says why
-        return False
-    if array is None or array.size > EXACT_CHECK_LIMIT:
-        return False
-    array = np.asarray(array, dtype=np.float32)
-    return bool(np.array_equal(_rounded(array, low_type), array))
+    except (AutocastError, ValueError):
+        return None
+    if array is None or array.size > limit:
+        return None
+    return np.asarray(array, dtype=np.float32)
 
 
 def _rounded(array: np.ndarray, low_type: int) -> np.ndarray:
@@ -518,18 +526,9 @@ def _constant_fits(value, low_type: int) -> bool:
     node fp32."""
     if value.dtype == low_type:
         return True
-    if value.dtype != FLOAT or not is_constant(value):
+    array = _float_constant(value, FIT_CHECK_LIMIT)
+    if array is None:
         return False
-    tensor = value.initializer
-    if tensor is not None and math.prod(tensor.dims) > FIT_CHECK_LIMIT:
-        return False
-    try:
-        array = constant_array(value)
-    except (AutocastError, ValueError):
-        return False
-    if array is None or array.size > FIT_CHECK_LIMIT:
-        return False
-    array = np.asarray(array, dtype=np.float32)
     finite = array[np.isfinite(array)]
     return finite.size == 0 or bool(np.all(np.isfinite(_rounded(np.array([finite.min(), finite.max()]), low_type))))
 
