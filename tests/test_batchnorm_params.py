@@ -6,6 +6,8 @@ whole with --runtime cuda, and fp16 data with fp32 parameters, warned, without i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import F16, F32, check, init, model, planned, run, tensor
@@ -209,3 +211,19 @@ def test_converting_the_converted_model_again_keeps_its_fp16_parameters():
     again = autocast_onnx.convert(first.model)
     assert again.stats.casts_added == 0
     assert again.model.SerializeToString() == first.model.SerializeToString()
+
+
+SHIPPED = sorted(
+    p
+    for folder in ("examples/models", "tests/data/evidence", "tests/data/decoders")
+    for p in (Path(__file__).resolve().parent.parent / folder).glob("*.onnx")
+)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_no_default_conversion_of_a_shipped_model_falls_back_to_the_cpu(path, precision):
+    """Issue 37, item 5: the default plan of every shipped model has no node that ONNX Runtime's
+    CUDA provider would run on the CPU (lint --runtime cuda, AC404, is clean on it)."""
+    converted = autocast_onnx.convert(str(path), precision=precision).model
+    assert cuda_fallbacks(converted) == []
