@@ -79,7 +79,7 @@ def lowerable(
     kernels: dict = {}
     for node in index.nodes:
         i = node.id
-        if paint[i] != _FP32 or c.categories[i] != Category.KEEP_FP32 or c.seeds[i] is not None or c.frozen[i]:
+        if not _kept_by_category(i, paint, c):
             continue
         fact = facts(runtime, node.domain, node.op, low_type)
         if fact is None or not fact.fp32_once or _other_path(node, shapes, any_rows=True):
@@ -88,13 +88,23 @@ def lowerable(
             continue
         if not _readers_low(node, paint, cause, c, graph_keeps, low_type):
             continue
-        key = (node.domain, node.op, c.roles_in[i], c.roles_out[i])
-        if key not in kernels:
-            kernels[key] = _missing_kernel(index, node, runtime or "cuda", low_type, key[2:])
-        if kernels[key] is not None:
-            continue
-        found[i] = _reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes)
+        if _has_low_kernel(kernels, index, node, c, runtime or "cuda", low_type):
+            found[i] = _reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes)
     return found
+
+
+def _kept_by_category(i: int, paint: list, c) -> bool:
+    """Whether node i is fp32 for its keep_fp32 category alone (no seed: range, rule, head; not frozen)."""
+    return paint[i] == _FP32 and c.categories[i] == Category.KEEP_FP32 and c.seeds[i] is None and not c.frozen[i]
+
+
+def _has_low_kernel(kernels: dict, index: GraphIndex, node, c, runtime: str, low_type: int) -> bool:
+    """Whether `runtime` has a kernel for the node with its float ports low, once per op and roles
+    (`kernels`: the answers so far)."""
+    key = (node.domain, node.op, c.roles_in[node.id], c.roles_out[node.id])
+    if key not in kernels:
+        kernels[key] = _missing_kernel(index, node, runtime, low_type, key[2:])
+    return kernels[key] is None
 
 
 SOFTMAX_ROWS = (1024, 2048, 8192)  # ONNX Runtime's softmax rounds intermediates at 1024 < D <= 2048 and N >= 8192
@@ -314,7 +324,7 @@ def fast_candidates(
     kernels: dict = {}
     for node in index.nodes:
         i = node.id
-        if paint[i] != _FP32 or c.categories[i] != Category.KEEP_FP32 or c.seeds[i] is not None or c.frozen[i]:
+        if not _kept_by_category(i, paint, c):
             continue
         if (node.domain, node.op) not in FAST_OPS and not _saturating_pow(node):
             continue
@@ -328,10 +338,7 @@ def fast_candidates(
             continue
         if any(_guarded(v) for v in node.inputs):
             continue  # the author's Cast to float guards it: the model asks for this input in fp32
-        key = (node.domain, node.op, c.roles_in[i], c.roles_out[i])
-        if key not in kernels:
-            kernels[key] = _missing_kernel(index, node, runtime, low_type, key[2:])
-        if kernels[key] is None:
+        if _has_low_kernel(kernels, index, node, c, runtime, low_type):
             found[i] = _fast_reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes, efficient)
     return found
 
