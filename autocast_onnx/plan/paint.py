@@ -171,7 +171,7 @@ def _kernel_rounds(state: _State, index, keep_io_types: bool, order, low_io, run
         state = _painted(index, state.classification, state.target_type, keep_io_types, order, low_io, lowered)
     log.debug("paint pass 6 (fp32 kernels at low precision): %d keep_fp32 nodes run low", len(lowered))
     if fast:
-        _, trial = _fast_phase(state, index, keep_io_types, order, low_io, runtime or "cuda", shapes, keeps, lowered)
+        trial = _fast_phase(state, index, keep_io_types, order, low_io, runtime or "cuda", shapes, keeps, lowered)
         if trial is not None:
             state = trial
     return state
@@ -180,17 +180,19 @@ def _kernel_rounds(state: _State, index, keep_io_types: bool, order, low_io, run
 MAX_FAST_ROUNDS = 32  # fast-plan rounds; each drops at least one node, most plans settle in two or three
 
 
-def _fast_phase(state: _State, index, keep_io_types: bool, order, low_io, runtime: str, shapes, keeps, base: dict):
+def _fast_phase(
+    state: _State, index, keep_io_types: bool, order, low_io, runtime: str, shapes, keeps, base: dict
+) -> _State | None:
     """The fast plan (plan/kernel_io.py, FAST_OPS), after the conservative rounds (`base`: the nodes
     they lowered, which keep their reason): every candidate painted low at once, passes 1-4
     again, and the candidates whose inputs or readers ended fp32 dropped, until none is dropped:
-    the largest set that holds together. Returns (node id -> Reason, the painting), or ({}, None)
-    when nothing holds or the rounds run out (then the conservative plan stands)."""
+    the largest set that holds together. Returns that painting (each node's reason in its cause),
+    or None when nothing holds or the rounds run out (then the conservative plan stands)."""
     from .kernel_io import FAST_RUNTIMES, fast_candidates, still_low, upstream
 
     c, low_type = state.classification, state.target_type
     if runtime not in FAST_RUNTIMES or low_type != FLOAT16:
-        return {}, None
+        return None
     chosen = fast_candidates(index, state.paint, c, low_type, keeps, runtime, shapes)
     cone = upstream(index, chosen, state.paint, c, low_type)
     chosen.update(cone)
@@ -201,9 +203,9 @@ def _fast_phase(state: _State, index, keep_io_types: bool, order, low_io, runtim
         holding = still_low(index, chosen, trial.paint, trial.cause, c, low_type, keeps, set(cone))
         if len(holding) == len(chosen):
             log.debug("paint pass 6, fast plan: %d keep_fp32 nodes run low with their neighbours", len(chosen))
-            return chosen, trial
+            return trial
         chosen = {i: why for i, why in chosen.items() if i in holding}
-    return {}, None
+    return None
 
 
 def _seed(state: _State) -> None:
