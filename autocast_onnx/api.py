@@ -105,15 +105,21 @@ def _measured(model, planning, calibration_data, targets: list, validation):
 # ---- explain ----------------------------------------------------------------------------------
 
 
-def explain(model, node: str | None = None, *, op: str | None = None, calibration_data=None, **options) -> list:
+def explain(
+    model, node: str | None = None, *, op: str | None = None, calibration_data=None, islands: bool = False, **options
+) -> list:
     """The plan entries (NodePlan: precision, category, reasons) of the nodes `node` names (a
     name, "#ID", or a regex when it has regex characters) or of every node of op type `op`, as
-    `autocast-onnx explain`; `entry.explain()` gives the CLI's text. Planning keywords as convert."""
+    `autocast-onnx explain`; `entry.explain()` gives the CLI's text. Planning keywords as convert.
+    With `islands=True` and no node or op: the plan's fp32 islands (plan/islands.Island, each with
+    its `causes`), as `autocast-onnx explain --islands`."""
     import re
 
-    if node is None and op is None:
-        raise AutocastError("say which node: node= (a name, regex or #ID) or op=", None, "pass one")
+    if node is None and op is None and not islands:
+        raise AutocastError("say which node: node= (a name, regex or #ID), op= or islands=True", None, "pass one")
     plan = _explained_plan(model, calibration_data, options)
+    if islands and node is None and op is None:
+        return plan.islands
     try:
         entries = plan.find(node, op)
     except re.error as exc:

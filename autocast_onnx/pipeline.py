@@ -43,7 +43,7 @@ from .io import (
     tensor_nbytes,
 )
 from .patterns import compile_patterns
-from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, paint
+from .plan import Precision, PrecisionPlan, check_plan_fits, classify, global_order, islands, paint
 from .plan.classify import UNMATCHED, warn_cuda_fallbacks
 from .plan.model import PlanWarning
 from .plan.options import PLANNING, PlanOptions, plan_options_in, planning_fields
@@ -753,6 +753,8 @@ def _fresh_plan(index, selection: _Selection, target, keep_io_types, training, w
     plan.warnings.extend(PlanWarning("low-precision-io", note) for note in low_notes)
     plan.runtime = selection.runtime if selection.runtime not in (None, "any") else None
     plan.kernels = selection.runtime or "cuda"  # whose kernels pass 6 counted on (None: the design's)
+    context = islands.context_of(plan.kernels, not selection.precise and head, plan.target.elem_type or 0)
+    plan.set_islands(lambda: islands.find(index, plan, context, shapes))
     if Seed.ALLOW in classification.seeds:  # a node forced low may read an out-of-range constant
         clamp_forced_constants(index, plan, direct=False)
     warn_little_conversion(index, plan, work)  # most of the MatMul/Gemm/Conv work left fp32

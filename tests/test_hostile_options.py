@@ -317,6 +317,7 @@ HOSTILE = {
         "model": INPUT_FILE,
         "node": {"empty": "", "blank": " ", "unknown": "nosuch", "negative_id": "#-1", "huge_id": "#" + "9" * 30},
         "op_type": {"empty": "", "blank": " ", "unknown": "Softmaxx", "absent_from_model": "Conv"},
+        "islands": NO_VALUE,
         "precision": choice(),
         "rules": RULES,
         "exclude_op": OP,

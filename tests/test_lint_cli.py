@@ -938,7 +938,7 @@ def test_explain_by_regex_and_by_op_type(tmp_path):
     assert narrowed.stdout.count("(Softmax), node #") == 1
     for args, fragment in (
         (["--op", "Conv"], "no node has op type 'Conv'"),
-        ([], "give NODE (a name, regex or #ID) or --op TYPE"),
+        ([], "give NODE (a name, regex or #ID), --op TYPE or --islands"),
         (["(unclosed"], "bad regex"),
         (["#99999"], "no node #99999"),
     ):

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from ..errors import AutocastError, InternalCheckError, one_line, printable_text
+from ..errors import AutocastError, InternalCheckError, one_line, printable_lines, printable_text
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_HINT = "this is a bug in autocast-onnx; rerun with AUTOCAST_ONNX_DEBUG=1 for a traceback and please report it"
@@ -579,7 +579,7 @@ OPTION_GROUPS = (
             "loss_scale",
         ),
     ),
-    ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type")),
+    ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type", "islands")),
     ("Data-driven planning", ("calibration_data", "targets")),
     (
         "Validation inputs",
@@ -1690,6 +1690,23 @@ def rules_cmd(codes, fmt) -> None:
     run_guarded(body, doing="listing the lint checks")
 
 
+def _islands_text(plan, replayed: bool) -> str:
+    """`explain --islands`: each fp32 island of the plan with its causes, one per line."""
+    if replayed:
+        return "a plan read from a file lists no islands: explain the model without --plan"
+    if not plan.islands:
+        return f"no fp32 islands: every node that computes in floating point runs {plan.target} or keeps its type"
+    lines = [f"{len(plan.islands)} fp32 island(s)"]
+    for island in plan.islands:
+        ops = ", ".join(f"{o} {n}" for o, n in island.ops.items())
+        lines.append(f"island {island.number}: {len(island.nodes)} nodes ({ops})")
+        for cause in island.causes or []:
+            lines.append(f"  - [{cause.kind}] {cause.node}: {cause.text}")
+        if not island.causes:
+            lines.append("  - no cause of its own found (report it: every island should name one)")
+    return printable_lines(lines)
+
+
 @cli.command()
 @click.argument("model", type=PATH)
 @click.argument("node", type=TEXT, required=False)
@@ -1703,9 +1720,15 @@ def rules_cmd(codes, fmt) -> None:
     "each node's reasons as the file gives them, an edited node marked.",
 )
 @click.option("--calibration-data", type=PATH, help="Measure tensor ranges on this data first.")
+@click.option(
+    "--islands",
+    is_flag=True,
+    help="List the plan's fp32 islands (connected fp32 regions), each with what keeps it fp32: a range the graph "
+    "bounds or calibration measured, a model output, a rule, the search, or arithmetic no low-precision kernel gives.",
+)
 @config_option
 @verbose_option
-def explain(model, node, op_type, plan_file, calibration_data, config, verbose, **kw) -> None:
+def explain(model, node, op_type, plan_file, calibration_data, islands, config, verbose, **kw) -> None:
     """Say which precision NODE of MODEL gets and why: the rules that fired (file:line) and
     measured values. NODE is a node name, #ID for the plan's node id, or a regex (when it has
     regex characters such as . * [ ^; re.search) explaining every node whose name matches;
@@ -1747,8 +1770,10 @@ def explain(model, node, op_type, plan_file, calibration_data, config, verbose, 
         )
 
     def body(written):
-        if node is None and op_type is None:
-            raise AutocastError("say which node: give NODE (a name, regex or #ID) or --op TYPE", None, "see --help")
+        if node is None and op_type is None and not islands:
+            raise AutocastError(
+                "say which node: give NODE (a name, regex or #ID), --op TYPE or --islands", None, "see --help"
+            )
         settings, _ = _setup(config, verbose)
         plan = _plan_from(settings, kw)
         if plan_file is not None:
@@ -1765,6 +1790,9 @@ def explain(model, node, op_type, plan_file, calibration_data, config, verbose, 
             measured = plan_on_data(model, plan, calibration_data=calibration_data)
             # only the plan is read: no rewrite
             planned = plan_model(model, calibration=measured.calibration, options=plan)
+        if islands and node is None and op_type is None:
+            _echo(_islands_text(planned.plan, plan_file is not None))
+            return
         entries = select(planned.plan)
         from ..rewrite.provenance import describe, examine
 
@@ -1774,8 +1802,11 @@ def explain(model, node, op_type, plan_file, calibration_data, config, verbose, 
             _echo(describe(model, found, unreadable))
         if len(entries) > 1:
             _echo(f"{len(entries)} nodes match")
+        member = {i: island for island in planned.plan.islands for i in island.nodes} if entries else {}
         for entry in entries:
             _echo(entry.explain())
+            if entry.id in member:
+                _echo(printable_lines(["  " + member[entry.id].text()]))
 
     run_guarded(
         body, doing="explaining", subject=f"{'node ' + repr(node) if node else 'op ' + repr(op_type)} of {model}"

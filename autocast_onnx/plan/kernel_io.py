@@ -46,6 +46,7 @@ from ..errors import AutocastError
 from ..graph import GraphIndex
 from .classify import _missing_kernel, constant_array, is_constant
 from .model import Reason
+from .ranges import Bounds, judge
 from .vocab import Category, Paint, PortRole
 
 _LOW, _FP32 = Paint.LOW.value, Paint.FP32.value
@@ -322,11 +323,17 @@ def fast_candidates(
     c = classification
     found: dict[int, Reason] = {}
     kernels: dict = {}
+    bounds = Bounds(index, shapes)
     for node in index.nodes:
         i = node.id
         if not _kept_by_category(i, paint, c):
             continue
-        if (node.domain, node.op) not in FAST_OPS and not _saturating_pow(node):
+        verdict = judge(node, bounds, low_type)
+        if verdict is not None and not verdict.fits:
+            verdict = None if not _saturating_pow(node) else verdict
+            if verdict is None:
+                continue
+        elif verdict is None and (node.domain, node.op) not in FAST_OPS:
             continue
         fact = facts(runtime, node.domain, node.op, low_type)
         if fact is None or not fact.fp32_once:
@@ -339,8 +346,17 @@ def fast_candidates(
         if any(_guarded(v) for v in node.inputs):
             continue  # the author's Cast to float guards it: the model asks for this input in fp32
         if _has_low_kernel(kernels, index, node, c, runtime, low_type):
-            found[i] = _fast_reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes, efficient)
+            why = _fast_reason(node, fact, c.roles_in[i], c.roles_out[i], low_type, shapes, efficient)
+            if verdict is not None:
+                why.message += f"; its outputs stay within {dtype_name(low_type)}: {_bound_text(node, verdict)}"
+            found[i] = why
     return found
+
+
+def _bound_text(node, verdict) -> str:
+    if not verdict.fits:  # a Pow inside a saturating op (GELU's tanh form)
+        return f"{verdict.text}, but it feeds a Tanh, Erf or Sigmoid, which turns an inf into what a finite one gives"
+    return f"{verdict.text} (bounded from the graph, plan/ranges.py)"
 
 
 SATURATING = frozenset({"Tanh", "Erf", "Sigmoid"})

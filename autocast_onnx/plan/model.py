@@ -165,6 +165,8 @@ class PrecisionPlan:
         self._fingerprint = fingerprint
         self._fingerprint_of: Callable[[], str] | None = None
         self._codes_of: Callable[[], list] | None = None
+        self._islands: list | None = None
+        self._islands_of: Callable[[], list] | None = None
         self.rule_files = list(rule_files)
         # the sha256 of each rule file's bytes, in the order of rule_files, when the plan was made
         # (empty: not known, a plan file written before they were recorded); the converted model's
@@ -197,6 +199,18 @@ class PrecisionPlan:
         self.precisions, self.categories = precisions, categories
         self.roles_in, self.roles_out = roles_in, roles_out
         self._fingerprint_of = fingerprint_of
+
+    def set_islands(self, find: Callable[[], list]) -> None:
+        """How to find the plan's fp32 islands (plan/islands.py), run on the first read of `islands`."""
+        self._islands, self._islands_of = None, find
+
+    @property
+    def islands(self) -> list:
+        """The fp32 islands (plan/islands.Island), each with what keeps it fp32; empty for a plan
+        read from a file or made without the graph at hand."""
+        if self._islands is None:
+            self._islands = self._islands_of() if self._islands_of is not None else []
+        return self._islands
 
     def last_reason_codes(self) -> list[str | None]:
         """Per node, the code of the reason that decided its precision (the last of its reasons),

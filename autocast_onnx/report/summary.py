@@ -45,6 +45,7 @@ def summary_dict(result) -> dict:
         "warnings": sum(1 for w in plan.warnings if w.code not in NOTE_CODES),
         "notes": sum(1 for w in plan.warnings if w.code in NOTE_CODES),
         **({"edited_nodes": [n.label for n in plan.nodes if n.edited]} if plan.replayed else {}),
+        **_islands(plan),
         **_no_kernel(plan),
         **_kernel_fp32(plan),
         **_fast_plan(plan),
@@ -118,6 +119,24 @@ def _fast_plan(plan) -> dict:
             "ops": dict(sorted(Counter(nodes[i].op_type for i in upstream).items())),
         }
     return {"fast_plan": out}
+
+
+def _islands(plan) -> dict:
+    """{"fp32_islands": {"islands": 6, "nodes": 45, "kinds": {"range-bound": 5, ...}}}: the plan's fp32 islands and
+    how many name each kind of cause (plan/islands.py); empty without any."""
+    from ..plan.islands import summary
+
+    found = plan.islands
+    return {"fp32_islands": summary(found)} if found else {}
+
+
+def island_line(islands: dict) -> str:
+    """'fp32 islands: 6 (45 nodes); what keeps them fp32: range-bound 5, ...; explain --islands names each'."""
+    kinds = ", ".join(f"{kind} {n}" for kind, n in islands["kinds"].items()) or "nothing found"
+    return (
+        f"fp32 islands: {islands['islands']} ({islands['nodes']} nodes); what keeps them fp32 (islands per kind): "
+        f"{kinds}; `explain --islands` names each cause"
+    )
 
 
 def _no_kernel(plan) -> dict:
@@ -200,6 +219,8 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
             "fp32 nodes by reason: "
             + ", ".join(f"{REASON_LABELS.get(code, code)} {n}" for code, n in s["fp32_by_reason"].items())
         )
+    if s.get("fp32_islands"):
+        lines.append(island_line(s["fp32_islands"]))
     if "no_kernel" in s:
         lack = s["no_kernel"]
         lines.append(
