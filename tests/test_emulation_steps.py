@@ -330,3 +330,90 @@ def test_the_documented_difference_from_a_single_rounding(op):
     docs = (ROOT / "docs" / "validate.md").read_text(encoding="utf-8")
     [row] = [line for line in docs.splitlines() if line.startswith((f"| {op} (", f"| {op}, "))]
     assert f"| {percent} % | {max_ulps} ulp" in row and f"| {max_abs} |" in row, row
+
+
+def _skip_ln_model(simplified: bool, with_sum: bool, rows: int = 6, width: int = 64):
+    """One fp16 (Skip)(Simplified)LayerNormalization of ONNX Runtime's contrib domain, as the transformers
+    optimizer writes it, its inputs and outputs fp16, bias given."""
+    op = "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization"
+    ins = ["x", "skip", "gamma"] + ([] if simplified else ["beta"]) + ["bias"]
+    outs = ["y"] + (["", "", "sum"] if with_sum else [])
+    node = helper.make_node(op, ins, outs, name="sln", domain="com.microsoft", epsilon=1e-5)
+    g = np.random.default_rng(3)
+    consts = {"gamma": 1 + 0.1 * g.standard_normal(width), "beta": 0.1 * g.standard_normal(width)}
+    consts["bias"] = 0.1 * g.standard_normal(width)
+    inits = [numpy_helper.from_array(v.astype(np.float16), k) for k, v in consts.items() if k in ins]
+    f16 = TensorProto.FLOAT16
+    inputs = [helper.make_tensor_value_info(n, f16, [rows, width]) for n in ("x", "skip")]
+    outputs = [helper.make_tensor_value_info(n, f16, [rows, width]) for n in outs if n]
+    graph = helper.make_graph([node], "sln", inputs, outputs, inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return m, {k: v.astype(np.float16) for k, v in consts.items()}
+
+
+def _kernel_skip_ln(x, skip, c, simplified: bool, eps: float = 1e-5):
+    """numpy's account of skip_layer_norm_impl.cu / layer_norm.cuh without strict mode (the compute
+    table's row): every step in half, the block sums taken in float and rounded once."""
+    h = np.float16
+
+    def r(v):
+        return np.asarray(v, np.float32).astype(h)
+
+    val = r(r(x.astype(np.float32) + skip) + c["bias"])
+    inv = r(1.0 / x.shape[-1])
+    scaled = r(val.astype(np.float32) * inv)
+    mean_sq = r((r(scaled.astype(np.float32) * val)).astype(np.float32).sum(-1, keepdims=True))
+    if simplified:
+        var = mean_sq
+    else:
+        mean = r(scaled.astype(np.float32).sum(-1, keepdims=True))
+        var = r(mean_sq.astype(np.float32) - r(mean.astype(np.float32) * mean))
+    rsigma = r(1.0 / np.sqrt(r(var.astype(np.float32) + r(eps)).astype(np.float32)))
+    if simplified:
+        return r(r(c["gamma"].astype(np.float32) * val) * rsigma), val
+    out = r(r(c["gamma"].astype(np.float32) * r(val.astype(np.float32) - mean)) * rsigma)
+    return r(out.astype(np.float32) + c["beta"]), val
+
+
+@pytest.mark.parametrize("simplified", [False, True], ids=["skip_layer_norm", "skip_simplified"])
+@pytest.mark.parametrize("with_sum", [False, True], ids=["y", "y_and_sum"])
+def test_skip_layer_norm_is_emulated_as_its_kernel_steps(simplified, with_sum):
+    """The CUDA SkipLayerNormalization kernel at the compute table's commit computes in fp16 (no strict
+    mode): its emulation takes those steps (validate/emulate_steps.py `_skip_layer_norm`), so an
+    fp16 SkipLayerNormalization (a model the optimizer fused, converted by any tool) is emulated as the
+    GPU runs it, within an ulp of numpy's account of the kernel, and not as one rounding of the float
+    formula; the sum output is the rounded sum."""
+    m, c = _skip_ln_model(simplified, with_sum)
+    g = np.random.default_rng(8)
+    x = (4 + 3 * g.standard_normal((6, 64))).astype(np.float16)  # an offset row: the fp16 statistics lose most
+    skip = g.standard_normal((6, 64)).astype(np.float16)
+    emulated = emulation_model(m)
+    assert "SkipLayerNormalization" not in {n.op_type for n in emulated.graph.node}
+    outs = run_model(emulated, {"x": x, "skip": skip})
+    want, val = _kernel_skip_ln(x, skip, c, simplified)
+    got = outs[0].astype(np.float32)
+    ulp = np.spacing(np.abs(want)).astype(np.float32)
+    assert np.all(np.abs(got - want.astype(np.float32)) <= ulp)
+    if with_sum:
+        assert np.array_equal(outs[1], val)
+    v = val.astype(np.float32)
+    if simplified:
+        once = c["gamma"] * v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-5)
+    else:
+        mu = v.mean(-1, keepdims=True)
+        once = c["gamma"] * (v - mu) / np.sqrt(((v - mu) ** 2).mean(-1, keepdims=True) + 1e-5) + c["beta"]
+    assert not np.array_equal(got, once.astype(np.float16).astype(np.float32))
+
+
+def test_skip_layer_norm_writing_its_statistics_is_left_whole():
+    m, _ = _skip_ln_model(False, False)
+    node = m.graph.node[0]
+    node.output.extend(["mean", ""])
+    m.graph.output.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, [6, 1]))
+    assert emulate_steps.decompose(m) == 0
+
+
+def run_model(model: onnx.ModelProto, feeds: dict) -> list:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -328,12 +328,8 @@ def fast_candidates(
         i = node.id
         if not _kept_by_category(i, paint, c):
             continue
-        verdict = judge(node, bounds, low_type)
-        if verdict is not None and not verdict.fits:
-            verdict = None if not _saturating_pow(node) else verdict
-            if verdict is None:
-                continue
-        elif verdict is None and (node.domain, node.op) not in FAST_OPS:
+        taken, verdict = _fast_op(node, bounds, low_type)
+        if not taken:
             continue
         fact = facts(runtime, node.domain, node.op, low_type)
         if fact is None or not fact.fp32_once:
@@ -351,6 +347,32 @@ def fast_candidates(
                 why.message += f"; its outputs stay within {dtype_name(low_type)}: {_bound_text(node, verdict)}"
             found[i] = why
     return found
+
+
+def _fast_op(node, bounds: Bounds, low_type: int):
+    """(whether the node's op may join the fast plan, the range verdict that let it where one did):
+    FAST_OPS always, the ops of plan/ranges.py where the graph bounds their outputs
+    (or a Pow whose overflow a saturating op absorbs)."""
+    verdict = judge(node, bounds, low_type)
+    if verdict is None:
+        key = (node.domain, node.op)
+        return key in FAST_OPS, None
+    return verdict.fits or _saturating_pow(node), verdict
+
+
+def _fused_into(node, low_type: int) -> str:
+    """For a LayerNormalization that reads an Add: the words saying that ONNX Runtime's CUDA optimizer fuses the
+    two into SkipLayerNormalization, whose default kernel computes in the low type at the compute table's commit."""
+    producer = node.inputs[0].producer if node.inputs and node.inputs[0] is not None else None
+    if node.op != "LayerNormalization" or node.domain != "" or producer is None or producer.op != "Add":
+        return ""
+    low = dtype_name(low_type)
+    return (
+        f" - but ONNX Runtime fuses it with {producer.label} (Add) into SkipLayerNormalization, whose default CUDA "
+        f"kernel at the table's commit sums, normalises and rounds in {low} (float with "
+        "enable_skip_layer_norm_strict_mode, and by default after onnxruntime PR #28682); validate's emulation "
+        "takes LayerNormalization's float kernel here (docs/validate.md)"
+    )
 
 
 def _bound_text(node, verdict) -> str:
@@ -570,6 +592,7 @@ def _fast_reason(
         if efficient
         else "computes in fp32 and rounds its outputs once"
     )
+    how += _fused_into(node, low_type)
     return Reason(
         FAST_CODE,
         f"{fact.label}'s {node.op} kernel {how} ({fact.source}), and its "

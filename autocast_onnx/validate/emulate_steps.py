@@ -22,6 +22,8 @@ approximate='tanh' path), and only with the steps below, each transcribed from t
   LeakyRelu, ThresholdedRelu (fp16)     alpha rounded to half (the product or comparison is then one operation)
   Sum (3 or more inputs)                a chain of Adds, in input order
   BiasAdd                               (input + bias) + skip
+  SkipLayerNormalization, SkipSimplifiedLayerNormalization (no strict mode)   skip_layer_norm_impl.cu, layer_norm.cuh:
+                                        the sum, the scaled statistics, E[x^2] - mean^2, rsqrt, the affine step in T
 
 Each step is a correctly rounded operation of the low type on the GPU (half, or ONNX Runtime's BFloat16 operators),
 which is the fp32 operation rounded once: so the rewritten node emulates the kernel bit for bit, up to the float
@@ -221,6 +223,45 @@ def _bias_add(s: Steps, node) -> str | None:
     return s("Add", s("Add", x, bias), skip) if x and bias and skip else None
 
 
+def _skip_layer_norm(s: Steps, node) -> str | None:
+    """skip_layer_norm_impl.cu and layer_norm.cuh without strict mode, every step in T: val = input + skip
+    (+ bias); each element contributes val * (1/ld) to the mean and (val * (1/ld)) * val to the mean of
+    squares (products rounded; the block sums accumulate half2 values, emulated as float sums rounded once:
+    the kernel's own order rounds more), variance E[x^2] - mean^2, rsigma = hrsqrt(variance + epsilon)
+    (epsilon converted to T; one rounding), then gamma * (val - mean) * rsigma + beta left to right (the
+    simplified form: gamma * val * rsigma). The optional sum output is val; a node that writes its mean or
+    inv_std outputs is left as it is. Opset 13 and later (ReduceSum's axes input)."""
+    simplified = node.op == "SkipSimplifiedLayerNormalization"
+    outputs = list(node.outputs) + [None] * (4 - len(node.outputs))
+    if s.opset < 13 or outputs[1] is not None or outputs[2] is not None or outputs[0] is None:
+        return None
+    x, skip, gamma = (_input(node, k) for k in range(3))
+    beta = None if simplified else _input(node, 3)
+    bias = _input(node, 3 if simplified else 4)
+    dims = s.shapes.get(x) if x else None
+    if not (x and skip and gamma) or not dims or not isinstance(dims[-1], int) or dims[-1] <= 0:
+        return None
+    val = s("Add", x, skip)
+    if bias:
+        val = s("Add", val, bias)
+    if outputs[3] is not None:
+        s.protos.append(helper.make_node("Identity", [val], [outputs[3].name], name=s.names.fresh_node(val)))
+    scaled = s("Mul", val, s.const(1.0 / dims[-1]))
+    axes = s.ints([-1])
+    mean_sq = s.step("ReduceSum", [s("Mul", scaled, val), axes], keepdims=1)
+    if simplified:
+        variance = mean_sq
+    else:
+        mean = s.step("ReduceSum", [scaled, axes], keepdims=1)
+        variance = s("Sub", mean_sq, s("Mul", mean, mean))
+    wide = s.step("Cast", [s("Add", variance, s.const(_attr(node, "epsilon", 1e-12)))], to=onnx.TensorProto.FLOAT)
+    rsigma = s.step("Cast", [s("Reciprocal", s("Sqrt", wide))], to=s.low)
+    if simplified:
+        return s("Mul", s("Mul", gamma, val), rsigma)
+    out = s("Mul", s("Mul", gamma, s("Sub", val, mean)), rsigma)
+    return s("Add", out, beta) if beta else out
+
+
 SOFTMAX_EFFICIENT = (1024, 2048)  # softmax.cc: the resource-efficient warp kernel for 1024 < D <= 2048
 
 
@@ -291,8 +332,11 @@ PROGRAMS: dict[tuple[str, str], Callable[[Steps, object], str | None]] = {
     ("", "Sum"): _sum,
     (MS, "BiasAdd"): _bias_add,
     ("", "Softmax"): _softmax,
+    (MS, "SkipLayerNormalization"): _skip_layer_norm,
+    (MS, "SkipSimplifiedLayerNormalization"): _skip_layer_norm,
 }
-NEEDS_SHAPES = {("", "Softmax")}
+NEEDS_SHAPES = {("", "Softmax"), (MS, "SkipLayerNormalization"), (MS, "SkipSimplifiedLayerNormalization")}
+MULTI_OUTPUT = {(MS, "SkipLayerNormalization"), (MS, "SkipSimplifiedLayerNormalization")}  # the sum output too
 ALPHA_ONLY = {("", "LeakyRelu"): 0.01, ("", "ThresholdedRelu"): 1.0}
 _OPS = {op for _, op in PROGRAMS} | {op for _, op in ALPHA_ONLY}
 
@@ -327,7 +371,9 @@ def decompose(model: onnx.ModelProto, where: str = "<converted>") -> int:
     for node in index.nodes:
         key = (normalize_domain(node.domain), node.op)
         outputs = [v for v in node.outputs if v is not None]
-        if (key not in PROGRAMS and key not in ALPHA_ONLY) or len(outputs) != 1 or len(node.outputs) != 1:
+        if (key not in PROGRAMS and key not in ALPHA_ONLY) or not outputs:
+            continue
+        if key not in MULTI_OUTPUT and (len(outputs) != 1 or len(node.outputs) != 1):
             continue
         low = outputs[0].dtype
         if low not in (FLOAT16, BFLOAT16) or not _per_step(node, low):
@@ -338,7 +384,7 @@ def decompose(model: onnx.ModelProto, where: str = "<converted>") -> int:
         steps = Steps(names, node, low, opset, shapes)
         if PROGRAMS[key](steps, node) is None:
             continue
-        steps.protos[-1].output[0] = outputs[0].name
+        steps.protos[-1].output[0] = node.outputs[0].name
         if node.proto.name:
             steps.protos[0].name = node.proto.name
         node.proto.CopyFrom(steps.protos[0])
