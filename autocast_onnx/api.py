@@ -111,15 +111,17 @@ def explain(
     """The plan entries (NodePlan: precision, category, reasons) of the nodes `node` names (a
     name, "#ID", or a regex when it has regex characters) or of every node of op type `op`, as
     `autocast-onnx explain`; `entry.explain()` gives the CLI's text. Planning keywords as convert.
-    With `islands=True` and no node or op: the plan's fp32 islands (plan/islands.Island, each with
-    its `causes`), as `autocast-onnx explain --islands`."""
+    With `islands=True` and no node or op: the fp32 islands of the conversion (plan/islands.Island,
+    each with its `causes` and its estimated `cost` on `gpu`), as `autocast-onnx explain --islands`."""
     import re
 
     if node is None and op is None and not islands:
         raise AutocastError("say which node: node= (a name, regex or #ID), op= or islands=True", None, "pass one")
-    plan = _explained_plan(model, calibration_data, options)
     if islands and node is None and op is None:
-        return plan.islands
+        return _priced_islands(model, calibration_data, options)
+    if options.get("gpu") is not None:
+        raise AutocastError("gpu= has no effect without islands=True", "gpu", "pass islands=True or drop gpu")
+    plan = _explained_plan(model, calibration_data, options)
     try:
         entries = plan.find(node, op)
     except re.error as exc:
@@ -128,6 +130,17 @@ def explain(
         what = " and ".join(x for x in (f"node {node!r}" if node else "", f"op {op!r}" if op else "") if x)
         raise AutocastError(f"no node matches {what}", None, "check the name; result.plan.nodes lists them")
     return entries
+
+
+def _priced_islands(model, calibration_data, options: dict) -> list:
+    """The fp32 islands of the conversion, each with its estimated `cost` on `gpu` (report/speed.py)."""
+    from .report.speed import island_costs
+
+    result = convert(model, calibration_data=calibration_data, check="none", **options)
+    costs = island_costs(result, options.get("gpu"))
+    for island in result.plan.islands:
+        island.cost = costs.get(island.number)
+    return result.plan.islands
 
 
 def _explained_plan(model, calibration_data, options: dict):

@@ -9,7 +9,8 @@ thresholds), outputs (a table per output name of its own thresholds), compare-pa
 iterations, warmup (timing: speed true/false, left out: on CUDA only), batches (generated batches);
 select, ignore, fail-on, suppress (lint); rules (extra conversion rule files, relative to the
 configuration file), precision, keep-io-types, exclude-op, include-op, exclude-node, include-node,
-low-precision-io, opset, runtime (what decides the plan: PLAN_KEYS, read from PlanOptions' fields). Every
+low-precision-io, opset, runtime (what decides the plan: PLAN_KEYS, read from PlanOptions' fields); gpu
+(the GPU of convert's latency estimate, a key of data/gpus.json). Every
 command reads the same file, so convert, explain, lint and check plan every node alike."""
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1", "min_iou", "map_thres
 COMPARE_KEYS = ("outputs", "compare_padded")  # an output's own thresholds; compare padded positions too
 RUN_KEYS = ("speed", "iterations", "warmup", "batches")  # how validation runs: speed and generated batches
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
+REPORT_KEYS = ("gpu",)  # the GPU of convert's latency estimate (roofline/gpus.json)
 # the planning options that have a key, as PlanOptions declares them (plan/options.py)
 PLAN_KEYS = tuple(f.metadata["key"] for f in planning_fields() if f.metadata["key"] is not None)
-ALL_KEYS = VALIDATE_KEYS + COMPARE_KEYS + RUN_KEYS + LINT_KEYS + PLAN_KEYS
+ALL_KEYS = VALIDATE_KEYS + COMPARE_KEYS + RUN_KEYS + LINT_KEYS + PLAN_KEYS + REPORT_KEYS
 
 
 def find_config(start: Path | None = None) -> tuple[Path, bool] | None:
@@ -122,6 +124,15 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
             raise AutocastError(
                 f"{key} must be a regex string, not {shown(value)}", where, "e.g. 'past_key_values\\..*|present\\..*'"
             )
+    elif norm == "gpu":
+        from .roofline import gpu
+
+        if not isinstance(value, str):
+            raise AutocastError(f"{key} must be a GPU's name, not {shown(value)}", where, "e.g. gpu = 'A100'")
+        try:
+            gpu(value, where)
+        except AutocastError as exc:
+            raise AutocastError(exc.what, where, exc.hint) from None
     elif norm == "suppress":
         _check_suppress(key, value, where)
     elif not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +94,11 @@ class ConversionResult:
     # how many initializers of the input (any graph) are stored as external data: a save in one
     # piece has to find and inline those it did not convert; without any it skips the search
     external_tensors: int = 1
+    # the GPU the summary's latency estimate is for (roofline/gpus.json; None: the table's default)
+    gpu: str | None = None
+    # what the latency estimate reads of the model as read (report/speed.py SpeedSource), made on
+    # first use; None where no shapes were inferred
+    speed_source_of: Callable | None = field(default=None, compare=False, repr=False)
     # payloads convert_file's save spliced into the file but has not yet given to their tensors
     # (fast/splice.py): given on the first read of `model`, which the command line never makes
     _held: HeldPayloads | None = field(default=None, init=False, compare=False)
@@ -187,6 +192,7 @@ def convert(
     plan: PrecisionPlan | str | os.PathLike | None = None,
     loss_scale: str | float | None = None,
     options: PlanOptions | None = None,
+    gpu: str | None = None,
     **planning,
 ) -> ConversionResult:
     """Convert a model to mixed precision.
@@ -204,16 +210,22 @@ def convert(
     (possibly edited) instead of planning: it must belong to this model, and no planning option
     may be given with it. `loss_scale` ("dynamic", "none" or a number; default dynamic for
     onnxruntime-training models) puts loss scaling into a training graph (see
-    rewrite/loss_scale.py). Returns the converted model, the precision plan (node -> precision
-    and reasons) and statistics. Raises AutocastError on bad input.
+    rewrite/loss_scale.py). `gpu` names the GPU of the summary's latency estimate (a key of
+    autocast_onnx/data/gpus.json; None: its default; report/speed.py). Returns the converted model,
+    the precision plan (node -> precision and reasons) and statistics. Raises AutocastError on bad
+    input.
     """
     options = _entry_options("convert", options, planning)
+    if gpu is not None:
+        from .roofline import gpu as known_gpu
+
+        known_gpu(gpu)  # an unknown name is an input error before any work
     timings = {}
     t0 = time.perf_counter()
     loaded = _loaded(model, copy)
     timings["load"] = time.perf_counter() - t0
     try:
-        return _convert_loaded(
+        result = _convert_loaded(
             loaded,
             options=options,
             check=check,
@@ -223,6 +235,8 @@ def convert(
             plan=plan,
             loss_scale=loss_scale,
         )
+        result.gpu = gpu
+        return result
     except InternalCheckError as exc:  # the input as given, when the conversion did not edit it
         source = model if (copy or not isinstance(model, onnx.ModelProto)) else None
         blame_input_for(exc, source, str(loaded.path) if loaded.path else "<model>")
@@ -574,7 +588,22 @@ def _convert_loaded(
         shapes=shapes,
         macs=_typed_work(index, work),
         external_tensors=index.external_tensors,
+        speed_source_of=_speed_source_of(index, plan) if shapes is not None else None,
     )
+
+
+def _speed_source_of(index, plan: PrecisionPlan) -> Callable:
+    """What the latency estimate reads of the model as read, made on first use (report/speed.py)."""
+    made: list = []
+
+    def source():
+        if not made:
+            from .report.speed import speed_source
+
+            made.append(speed_source(index, plan.precisions))
+        return made[0]
+
+    return source
 
 
 def _resolve_target(plan, options: PlanOptions, measured: dict) -> tuple[PrecisionPlan | None, Precision, bool]:

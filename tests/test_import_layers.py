@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("report",),  # formatting results
     ("rewrite",),  # the only code that edits the graph
     ("plan",),  # classify, paint, the plan and its file
+    ("roofline",),  # the GPU cost model: a graph, its shapes and the GPU table (below planning)
     ("catalog", "graph", "patterns", "diagnostics"),  # rule files, the index, shared judgements
     ("fast",),  # the fast path: the worker, the walk, the weight screen, payloads left in the file, the splice
     ("io",),  # load and save

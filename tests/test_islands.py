@@ -255,9 +255,16 @@ def test_the_summary_and_explain_name_the_islands(tmp_path):
     path.write_bytes(m.SerializeToString())
     cli = [sys.executable, "-m", "autocast_onnx", "explain", str(path)]
     listed = subprocess.run([*cli, "--islands"], capture_output=True, text=True, check=True).stdout
+    assert listed.startswith("1 fp32 island(s), estimated on H100")
     assert re.search(
-        r"island 1: 3 nodes \(Exp 1, ReduceSum 1, Sub 1\)\n  - \[range-bound\] exp: exp: its input", listed
+        r"island 1: 3 nodes \(Exp 1, ReduceSum 1, Sub 1\); its kernels and Casts take [\d.]+ us \(\d+% of the "
+        r"model\), the Casts [\d.]+ us\n  - \[range-bound\] exp: exp: its input",
+        listed,
     )
+    a100 = subprocess.run([*cli, "--islands", "--gpu", "A100"], capture_output=True, text=True, check=True).stdout
+    assert a100.startswith("1 fp32 island(s), estimated on A100")
+    alone = subprocess.run([*cli, "exp", "--gpu", "A100"], capture_output=True, text=True)
+    assert alone.returncode == 2 and "--gpu has no effect without --islands" in alone.stderr
     one = subprocess.run([*cli, "exp"], capture_output=True, text=True, check=True).stdout
     assert "island 1 (3 nodes: Exp 1, ReduceSum 1, Sub 1): range-bound: exp:" in one
     clean = tmp_path / "clean.onnx"
@@ -313,4 +320,10 @@ def test_the_api_lists_the_islands_as_explain_does():
     m = summed([helper.make_node("Exp", ["h"], ["a"], name="exp")])
     [island] = autocast_onnx.explain(m, islands=True)
     assert island.kinds == ["range-bound"] and island.to_dict()["causes"][0]["node"] == "exp"
+    cost = island.to_dict()["cost"]
+    assert cost["us"] > cost["cast_us"] > 0 and 0 < cost["share"] < 1
+    [slower] = autocast_onnx.explain(m, islands=True, gpu="RTX3060")
+    assert slower.cost["us"] >= cost["us"]
+    with pytest.raises(autocast_onnx.AutocastError, match="no effect without islands"):
+        autocast_onnx.explain(m, "exp", gpu="A100")
     assert autocast_onnx.explain(decomposed_softmax(), islands=True) == []

@@ -321,7 +321,8 @@ def test_diagnose_says_the_converted_model_does_not_load(tmp_path):
     conv = _save(broken_seq_at(), tmp_path / "conv.onnx")
     outcome = invoke(["diagnose", ref, conv])
     assert_ok(outcome, 2)
-    assert "cannot load the converted model" in outcome.stderr and "-1" not in outcome.stderr
+    said = outcome.stderr.replace(str(tmp_path), "<tmp>")  # the folder's name may hold "-1" (pytest-16)
+    assert "cannot load the converted model" in said and "-1" not in said
 
 
 def low_sequence_conversion() -> onnx.ModelProto:

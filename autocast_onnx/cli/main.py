@@ -564,7 +564,7 @@ def _write_validation_reports(report, report_json, report_html) -> None:
 
 # --help lists a command's options in these named groups, in this order (by parameter name)
 OPTION_GROUPS = (
-    ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top", "jobs")),
+    ("Input and output", ("output", "plan_out", "external_data", "check", "fmt", "quiet", "top", "jobs", "gpu")),
     (
         "Precision and rules",
         (
@@ -726,6 +726,13 @@ def jobs_option(f):
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option(
+    "--gpu",
+    type=TEXT,
+    default=None,
+    help="The GPU of the summary's latency estimate (a roofline estimate, no GPU needed): H100, H200, A100, L4, "
+    "L40S, RTX4090, RTX3060, Orin (autocast_onnx/data/gpus.json) [default: H100, or the configuration's gpu].",
+)
+@click.option(
     "--loss-scale",
     type=TEXT,
     default=None,
@@ -855,6 +862,7 @@ def _convert_body(call: _ConvertCall, written) -> bool:
     _refuse_convert_options_without_effect(call)
     settings, config_file = _setup(call.config, call.verbose)
     plan = _plan_from(settings, call.kw)
+    _choose_gpu(call, settings)
     if call.loss_scale is not None:
         from ..rewrite.loss_scale import parse_loss_scale
 
@@ -889,6 +897,16 @@ def _convert_body(call: _ConvertCall, written) -> bool:
         # the conversion succeeded: keep it (and its plan), say it was not validated, exit 2
         written.keep(out, Path(out).with_name(Path(out).name + ".data"), call.plan_out)
         raise _not_validated(exc, call.model, out) from None
+
+
+def _choose_gpu(call: _ConvertCall, settings: dict) -> None:
+    """--gpu, else the configuration's gpu, checked against the GPU table before any work."""
+    from ..roofline import gpu
+
+    flag = call.kw.get("gpu")
+    name = flag if flag is not None else settings.get("gpu")
+    gpu(name, "--gpu" if flag is not None else "gpu (configuration)")
+    call.kw["gpu"] = name
 
 
 def _refuse_convert_options_without_effect(call: _ConvertCall) -> None:
@@ -1019,6 +1037,7 @@ def _run_conversion(call: _ConvertCall, out, replay, plan, measured):
         search_log=measured.search_log,
         **planning,
     )
+    result.gpu = call.kw.get("gpu")
     _outlive(result)
     return result
 
@@ -1150,6 +1169,7 @@ def _convert_batch(call: _ConvertCall, models, jobs: int, written) -> tuple[list
     _refuse_convert_options_without_effect(call)
     settings, config_file = _setup(call.config, call.verbose)
     plan = _plan_from(settings, call.kw)
+    _choose_gpu(call, settings)
     if call.loss_scale is not None:
         from ..rewrite.loss_scale import parse_loss_scale
 
@@ -1690,16 +1710,40 @@ def rules_cmd(codes, fmt) -> None:
     run_guarded(body, doing="listing the lint checks")
 
 
-def _islands_text(plan, replayed: bool) -> str:
-    """`explain --islands`: each fp32 island of the plan with its causes, one per line."""
+def _island_costs(model, plan, measured, kw, settings) -> dict:
+    """The conversion `explain --islands` prices its islands on ({"plan": ..., island number: cost, "gpu": ...})."""
+    from ..pipeline import convert
+    from ..report.speed import island_costs
+    from ..roofline import gpu
+
+    flag = kw.get("gpu")
+    chosen = gpu(
+        flag if flag is not None else settings.get("gpu"), "--gpu" if flag is not None else "gpu (configuration)"
+    )
+    result = convert(model, calibration=measured.calibration, options=plan, check="none")
+    return {"plan": result.plan, "gpu": chosen.key, **island_costs(result, chosen.key)}
+
+
+def _islands_text(plan, replayed: bool, costs: dict | None = None) -> str:
+    """`explain --islands`: each fp32 island of the plan with its causes, one per line, and with
+    `costs` (report/speed.island_costs) what each island's kernels and Casts are estimated to take."""
     if replayed:
         return "a plan read from a file lists no islands: explain the model without --plan"
     if not plan.islands:
         return f"no fp32 islands: every node that computes in floating point runs {plan.target} or keeps its type"
-    lines = [f"{len(plan.islands)} fp32 island(s)"]
+    costs = costs or {}
+    priced = f", estimated on {costs['gpu']} (an estimate: docs/summary.md)" if "gpu" in costs else ""
+    lines = [f"{len(plan.islands)} fp32 island(s){priced}"]
     for island in plan.islands:
         ops = ", ".join(f"{o} {n}" for o, n in island.ops.items())
-        lines.append(f"island {island.number}: {len(island.nodes)} nodes ({ops})")
+        cost = costs.get(island.number)
+        said = (
+            f"; its kernels and Casts take {cost['us']:.1f} us ({cost['share']:.0%} of the model), "
+            f"the Casts {cost['cast_us']:.1f} us"
+            if cost
+            else ""
+        )
+        lines.append(f"island {island.number}: {len(island.nodes)} nodes ({ops}){said}")
         for cause in island.causes or []:
             lines.append(f"  - [{cause.kind}] {cause.node}: {cause.text}")
         if not island.causes:
@@ -1724,7 +1768,15 @@ def _islands_text(plan, replayed: bool) -> str:
     "--islands",
     is_flag=True,
     help="List the plan's fp32 islands (connected fp32 regions), each with what keeps it fp32: a range the graph "
-    "bounds or calibration measured, a model output, a rule, the search, or arithmetic no low-precision kernel gives.",
+    "bounds or calibration measured, a model output, a rule, the search, or arithmetic no low-precision kernel gives; "
+    "and what its kernels and Casts are estimated to take on the GPU.",
+)
+@click.option(
+    "--gpu",
+    type=TEXT,
+    default=None,
+    help="With --islands: the GPU of the estimate (H100, H200, A100, L4, L40S, RTX4090, RTX3060, Orin) "
+    "[default: H100, or the configuration's gpu].",
 )
 @config_option
 @verbose_option
@@ -1791,8 +1843,11 @@ def explain(model, node, op_type, plan_file, calibration_data, islands, config, 
             # only the plan is read: no rewrite
             planned = plan_model(model, calibration=measured.calibration, options=plan)
         if islands and node is None and op_type is None:
-            _echo(_islands_text(planned.plan, plan_file is not None))
+            costs = _island_costs(model, plan, measured, kw, settings) if plan_file is None else {}
+            _echo(_islands_text(planned.plan if plan_file is not None else costs["plan"], plan_file is not None, costs))
             return
+        if kw.get("gpu") is not None:
+            raise AutocastError("--gpu has no effect without --islands", "--gpu", "add --islands or drop --gpu")
         entries = select(planned.plan)
         from ..rewrite.provenance import describe, examine
 

@@ -88,6 +88,8 @@ class Island:
     nodes: list[int]  # node ids, in graph order
     ops: dict[str, int]
     causes: list[Cause] = field(default_factory=list)
+    # what its kernels and the Casts at its edges are estimated to take ({"us", "cast_us", "share"}: report/speed.py)
+    cost: dict | None = None
 
     @property
     def kinds(self) -> list[str]:
@@ -106,6 +108,7 @@ class Island:
             "ops": self.ops,
             "kinds": self.kinds,
             "causes": [c.to_dict() for c in self.causes],
+            **({"cost": self.cost} if self.cost is not None else {}),
         }
 
 

@@ -9,6 +9,7 @@ from ..catalog.kernels import runtime_label
 from ..errors import printable_lines
 from ..plan.model import NOTE_CODES, PRECISIONS
 from .cost import conversion_cost, cost_line
+from .speed import speed, speed_line
 
 CATEGORY_ORDER = ("low_precision", "follow", "keep_fp32", "clear", "non_float", "control_flow")
 
@@ -61,6 +62,7 @@ def summary_dict(result) -> dict:
         "cost": conversion_cost(
             result.shapes, result.macs, result.nodes, result.stats.cast_outputs, result.plan.precisions
         ),
+        "speed": speed(result, getattr(result, "gpu", None)),  # estimated GPU latency (report/speed.py)
     }
 
 
@@ -251,6 +253,7 @@ def conversion_summary(result, in_path=None, out_path=None, max_warnings: int = 
     if plan.runtime is not None:
         lines.append(_runtime_line(plan, s["cost"]))
     lines.append(cost_line(s["cost"]))
+    lines.append(speed_line(s["speed"]))
     stats = result.stats
     if plan.training is not None:
         lines.extend(_training_lines(plan.training))
