@@ -100,12 +100,10 @@ class _Converted(Mapping):
         dims = self.dims.get(name)
         if elem is None or dims is None:
             known = self.before.get(name)
-            if known is None and elem is None:
-                return default
-            if elem is None:
-                elem = known[0]
-            if dims is None:
-                dims = known[1] if known is not None else None
+            if known is None:
+                return default if elem is None else (elem, dims)
+            elem = known[0] if elem is None else elem
+            dims = known[1] if dims is None else dims
         return elem, dims
 
     def __iter__(self):

@@ -72,10 +72,10 @@ def estimate(
     position = {node.output[0]: i for i, node in enumerate(nodes) if node.output and node.output[0]}
     group_of: dict[int, tuple[int, ...]] = {}
     for group in fused:
-        members = tuple(sorted({position[name] for name in group if name in position}))
-        if len(members) > 1:
-            for i in members:
-                group_of[i] = members
+        together = tuple(sorted({position[name] for name in group if name in position}))
+        if len(together) > 1:
+            for i in together:
+                group_of[i] = together
     outputs = set(graph_outputs)
     readers: dict[str, set] = {}
     if group_of:
@@ -89,7 +89,7 @@ def estimate(
     for i, node in enumerate(nodes):
         if i in done:
             continue
-        members = group_of.get(i) if group_of else None
+        members: tuple[int, ...] | None = group_of.get(i) if group_of else None
         if members is None:
             if node.op_type in FREE_OPS and normalize_domain(node.domain) == "":
                 continue
@@ -177,7 +177,9 @@ def _flops(node, shapes: Mapping, tf32: bool) -> tuple[int, str | None]:
     if not macs:
         return 0, None
     elem = shapes.get(node.input[0], (None, None))[0] if node.input else None
-    kind = KIND_OF_TYPE.get(elem) or ("tf32" if tf32 and elem == FLOAT else "fp32" if elem == FLOAT else "fp16")
+    kind = (KIND_OF_TYPE.get(elem) if elem is not None else None) or (
+        "tf32" if tf32 and elem == FLOAT else "fp32" if elem == FLOAT else "fp16"
+    )
     return 2 * macs, kind
 
 
