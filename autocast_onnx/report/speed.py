@@ -5,7 +5,7 @@ The fp32 model is priced as the graph was read (its nodes as the index holds the
 rewrite), the conversion as written (the converted nodes, each tensor at its new type). ONNX
 Runtime's CUDA fusions (plan/fusions.py) count as one kernel in the fp32 model, and in the
 conversion where the plan leaves the pattern whole (no Cast splits it). What it ignores is said
-with every figure (ASSUMPTIONS)."""
+with every figure (assumptions())."""
 
 from __future__ import annotations
 
@@ -16,11 +16,16 @@ from .. import roofline
 from ..graph.shapes import LIMIT_NODES
 from ..plan import fusions
 
-ASSUMPTIONS = (
-    "a roofline estimate (each kernel max(FLOPs/peak, bytes/bandwidth) at 0.7 of the tensor-core peak and 0.85 of "
-    "the bandwidth, plus 5 us per launch; fp32 products as TF32); it ignores caches, kernel choice, overlap, the "
-    "attention fusions and layout transposes the runtime adds, and CPU fallbacks"
-)
+
+def assumptions() -> str:
+    """What every estimate assumes and ignores, with the table's constants."""
+    t = roofline.table()
+    return (
+        f"a roofline estimate (each kernel max(FLOPs/peak, bytes/bandwidth) at {t.compute_efficiency:g} of the "
+        f"tensor-core peak and {t.bandwidth_efficiency:g} of the bandwidth, plus {t.launch_s * 1e6:g} us per launch, "
+        "fitted on recorded H200 figures; fp32 products as TF32); it ignores caches, kernel choice, overlap, the "
+        "attention fusions and layout transposes the runtime adds, and CPU fallbacks"
+    )
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ def speed(result, gpu_name: str | None = None) -> dict:
         "kernels": {"fp32": len(before.kernels), "converted": len(after.kernels)},
         "unpriced_kernels": {"fp32": before.unpriced, "converted": after.unpriced},
         "open_dims": dict(getattr(result.shapes, "open_dims", {})),
-        "assumptions": ASSUMPTIONS,
+        "assumptions": assumptions(),
     }
 
 
@@ -193,5 +198,5 @@ def speed_line(s: dict) -> str:
         f"estimated on {s['gpu']} ({s['gpu_name']}){' at ' + at if at else ''}: fp32 {s['fp32_ms']:.3g} ms, "
         f"converted {s['converted_ms']:.3g} ms ({speedup}); Casts {share:.0%} of it "
         f"({s['kernels']['fp32']} -> {s['kernels']['converted']} kernels){note}; an estimate, not a measurement: "
-        f"{ASSUMPTIONS} (--gpu picks another GPU)"
+        f"{s['assumptions']} (--gpu picks another GPU)"
     )
