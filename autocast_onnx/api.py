@@ -81,17 +81,17 @@ def convert(
         compare_padded=bool(compare_padded),
     )
     targets = [target] if isinstance(target, str) else list(target or ())
-    measured = _measured(model, planning, calibration_data, targets, validation)
+    measured = _measured(model, planning, calibration_data, targets, validation, rest.get("gpu"))
     result = _convert(model, calibration=measured.calibration, force_fp32=measured.force_fp32, options=planning, **rest)
     if measured.search_log is not None:
         result.plan.search = measured.search_log
     return result
 
 
-def _measured(model, planning, calibration_data, targets: list, validation):
+def _measured(model, planning, calibration_data, targets: list, validation, gpu: str | None = None):
     """What running the fp32 model on data decides (validate/on_data.py): measured ranges with
-    `calibration_data`, nodes kept fp32 by the accuracy search with `targets`. `planning` is the
-    call's PlanOptions."""
+    `calibration_data`, nodes kept fp32 by the accuracy search with `targets` (priced on `gpu`).
+    `planning` is the call's PlanOptions."""
     from .validate.on_data import plan_on_data
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +99,9 @@ def _measured(model, planning, calibration_data, targets: list, validation):
         if isinstance(model, onnx.ModelProto):
             path = Path(tmp) / "model.onnx"
             onnx.save(model, path)
-        return plan_on_data(path, planning, calibration_data=calibration_data, targets=targets, validation=validation)
+        return plan_on_data(
+            path, planning, calibration_data=calibration_data, targets=targets, validation=validation, gpu=gpu
+        )
 
 
 # ---- explain ----------------------------------------------------------------------------------

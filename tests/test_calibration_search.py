@@ -212,3 +212,42 @@ def test_search_on_the_trained_text_detector_keeps_a_small_share_fp32():
     # of the nodes fp32 (61 of 234): still well short of all of them.
     assert fp32 <= 0.3 * len(m.graph.node), fp32
     assert _Evaluator(m, data, {"precision": "fp16"}, target, "cpu").passes(forced)[0]
+
+
+def twin_paths():
+    """Two paths compute the same values, each overflowing fp16 (about -1e5), and a Max takes the one
+    kept right: keeping either product fp32 meets the target alike. The first path in the graph moves
+    a 4096-wide intermediate (zeros beside the 16 real columns), the second a 16-wide one."""
+    w1 = (RNG.standard_normal((16, 16)) * 0.3).astype(np.float32)
+    w2 = (-np.abs(RNG.standard_normal((16, 16))) * 2000).astype(np.float32)
+    wide1 = np.zeros((16, 4096), np.float32)
+    wide1[:, :16] = w1
+    wide2 = np.zeros((4096, 16), np.float32)
+    wide2[:16] = w2
+    nodes = [
+        helper.make_node("MatMul", ["x", "wide1"], ["bh"], name="big_in"),
+        helper.make_node("Relu", ["bh"], ["ba"], name="big_act"),
+        helper.make_node("MatMul", ["ba", "wide2"], ["bv"], name="big_out"),
+        helper.make_node("MatMul", ["x", "w1"], ["sh"], name="small_in"),
+        helper.make_node("Relu", ["sh"], ["sa"], name="small_act"),
+        helper.make_node("MatMul", ["sa", "w2"], ["sv"], name="small_out"),
+        helper.make_node("Max", ["bv", "sv"], ["m"], name="max"),
+        helper.make_node("MatMul", ["m", "w3"], ["y"], name="head"),
+    ]
+    inits = [init("wide1", wide1), init("wide2", wide2), init("w1", w1), init("w2", w2)]
+    inits.append(init("w3", (np.eye(16) * 1e-4).astype(np.float32)))
+    return model(nodes, [tensor("x", F32, [8, 16])], [tensor("y", F32, [8, 16])], inits)
+
+
+def test_search_keeps_the_cheaper_of_two_islands_that_buy_the_same_accuracy():
+    """The bands are ranked by the error each removes per estimated microsecond on the GPU (the cost
+    model), so of two products whose fp32 copies meet the target alike, the one whose tensors are
+    small is kept: the 4096-wide path would cost its Casts' bytes too. The log says the trade."""
+    m = twin_paths()
+    data = [{"x": (RNG.standard_normal((8, 16)) * 10).astype(np.float32)} for _ in range(2)]
+    forced, log = search(m, data, {"precision": "fp16"}, parse_target(["cosine=0.999"]))
+    assert "small_out" in log["kept"] and "big_out" not in log["kept"], log["kept"]
+    trade = log["trade"]
+    assert trade["gpu"] == "H100" and trade["cost_us"] > 0 and trade["error_before"] > 0
+    _, on_l4 = search(m, data, {"precision": "fp16", "gpu": "L4"}, parse_target(["cosine=0.999"]))
+    assert on_l4["trade"]["gpu"] == "L4" and on_l4["trade"]["cost_us"] > trade["cost_us"]

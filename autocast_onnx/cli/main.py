@@ -1001,6 +1001,7 @@ def _plan_on_data(call: _ConvertCall, plan, options, goal):
         validation=options,
         progress=None if call.quiet else _progress,
         note=None if call.quiet or sys.stderr.isatty() else lambda text: _echo(text, err=True),
+        gpu=call.kw.get("gpu"),
     )
     if measured.search_log is not None:
         call.echo(_search_log_line(measured.search_log))
@@ -1011,9 +1012,15 @@ def _search_log_line(log) -> str:
     """One line on what the --target search did and which nodes it kept fp32."""
     kept = ", ".join(f"{n} ({e:.2g})" for n, e in log["attribution"].items()) if log["kept"] else "none"
     budget = " (stopped at the evaluation budget: the smallest passing set found)" if log.get("budget_reached") else ""
+    trade = log.get("trade")
+    price = (
+        f"; estimated cost on {trade['gpu']}: {trade['cost_us']:+.1f} us per inference"
+        if trade and trade.get("cost_us") is not None
+        else ""
+    )
     return (
         f"--target search: {log['evaluations']} evaluations in {log['seconds']:.1f} s over "
-        f"{log['candidates']} low-precision nodes{budget}; kept fp32 (attributed error): {kept}"
+        f"{log['candidates']} low-precision nodes{budget}; kept fp32 (attributed error): {kept}{price}"
     )
 
 

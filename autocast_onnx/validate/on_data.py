@@ -29,8 +29,10 @@ def plan_on_data(
     validation=None,
     progress=None,
     note=None,
+    gpu: str | None = None,
 ) -> DataPlanning:
-    """Run the fp32 model on data before planning: `calibration_data` (an .npz or Polygraphy .json file, or a
+    """Run the fp32 model on data before planning (`gpu`: the GPU the search's cost model prices on):
+    `calibration_data` (an .npz or Polygraphy .json file, or a
     folder of either) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
     nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
     or batches generated from its dims, ranges, seed and batch count), measured as validation
@@ -75,7 +77,7 @@ def plan_on_data(
         out.force_fp32, out.search_log = search(
             source,
             batches,
-            {"options": plan_options, "calibration": out.calibration},  # pipeline.convert's keywords
+            {"options": plan_options, "calibration": out.calibration, "gpu": gpu},  # pipeline.convert's keywords
             goal,
             device,
             progress,

@@ -36,6 +36,7 @@ from ..errors import AutocastError
 from ..graph import build_index
 from ..plan import global_order
 from ..plan.model import Reason
+from ..report.speed import speed
 from . import runner
 from .emulate import emulation_model
 from .masks import Padding
@@ -116,6 +117,7 @@ class _Evaluator:
         metrics.search_error); the plan's precisions are left in `last_precisions`."""
         self.evaluations += 1
         result = self.convert(forced)
+        self.last_result = result
         self.last_precisions = list(result.plan.precisions)
         sess = runner.session(emulation_model(result.model).SerializeToString(), "cpu", optimize=False)
         stats = [
@@ -216,6 +218,7 @@ def _regions(index, plan, candidates, input_sensitive) -> dict:
 
 BANDS = 12
 MAX_EVALUATIONS = 100  # then the smallest passing set found so far is kept
+COST_FLOOR_US = 0.5  # a band whose estimated cost is below this is priced at it (a Cast or two at most)
 
 
 def _bands(order: list, parts: int) -> list:
@@ -315,6 +318,10 @@ class _Search:
         self.base_error = 0.0
         self.best: list = list(self.order)  # the smallest passing set seen so far
         self.culprits: list = []
+        # the GPU the cost model prices evaluations on, and the plain conversion's estimate (None: no shapes)
+        self.gpu = convert_options.get("gpu")
+        plain = speed(self.first, self.gpu)
+        self.base_ms = plain["converted_ms"] if plain["computed"] else None
 
     # -- bookkeeping
 
@@ -393,11 +400,21 @@ class _Search:
         return self._refine(ranked_bands[0]) + [i for band in ranked_bands[1:] for i in self._by_score(band)]
 
     def _band_gain(self, band: list, label: str) -> float:
+        """The drop in output error per estimated microsecond on the GPU that keeping the band fp32
+        costs (report/speed.py; per node made fp32 where the model has no shapes to price)."""
         ok_b, failures_b, error_b = self.ev.measure(self.forced(band))
         self.step(f"{label} ({len(band)} nodes) kept fp32", ok_b, failures_b)
-        # per node that this makes fp32 (the band and the follow nodes that follow it to fp32)
-        cost = sum(1 for i in self.order if self.ev.last_precisions[i] in ("fp32", "unchanged"))
-        return _gain(self.base_error, error_b) / max(cost, 1)
+        cost = self.cost_us(self.ev.last_result)
+        if cost is None:  # per node that this makes fp32 (the band and the follow nodes that follow it to fp32)
+            cost = sum(1 for i in self.order if self.ev.last_precisions[i] in ("fp32", "unchanged"))
+        return _gain(self.base_error, error_b) / max(cost, COST_FLOOR_US)
+
+    def cost_us(self, result) -> float | None:
+        """The estimated microseconds a conversion takes beyond the plain one (None: not priced)."""
+        if self.base_ms is None:
+            return None
+        estimate = speed(result, self.gpu)
+        return (estimate["converted_ms"] - self.base_ms) * 1e3 if estimate["computed"] else None
 
     def _by_score(self, nodes: list) -> list:
         return sorted(nodes, key=lambda i: (-self.scores.get(i, 0.0), self.position[i]))
@@ -490,4 +507,15 @@ class _Search:
         kept = _tidy(self.ev, self.best if budget_hit else self.expand(self.culprits), self.index, self.first.plan)
         self.log["kept"] = [self.labels[i] for i in kept]
         self.log["attribution"] = {self.labels[i]: self.scores.get(i, 0.0) for i in kept}
+        self.log["trade"] = self._trade(kept)
         return self.finish(kept)
+
+    def _trade(self, kept: list) -> dict | None:
+        """What the kept set costs for the targets it meets: the plain conversion's output error (the
+        verdict's measure) and the estimated microseconds the set adds on the GPU (a conversion, no
+        run: not an evaluation)."""
+        if not kept:
+            return None
+        cost = self.cost_us(self.ev.convert(self.forced(kept)))
+        gpu = speed(self.first, self.gpu).get("gpu")
+        return {"error_before": self.base_error, "cost_us": cost, "gpu": gpu}
