@@ -16,7 +16,10 @@ least-squares fit of per-kernel time (relative error) is printed beside the tabl
 with each model's estimate at both. The converted rows of that table were measured on plans
 since replaced, so they are not compared.
 
-    python benchmarks/bench_estimate.py [--gpu H100]
+Part 3 (with --real CACHE) prices the real-size models benchmarks/bench_gpu_plan.py built (its
+cache holds them at batch 8) the same way, on the H100 and the H200.
+
+    python benchmarks/bench_estimate.py [--gpu H100] [--real benchmarks/.gpu_plan_cache]
 """
 
 from __future__ import annotations
@@ -119,12 +122,39 @@ def part_two() -> None:
         print(f"| {stem} | {k} | {m * 1e3:.3f} | {a * 1e3:.3f} | {a / m:.2f} | {f * 1e3:.3f} | {f / m:.2f} |")
 
 
+def part_three(cache: Path, names: list[str]) -> None:
+    """The real-size models benchmarks/bench_gpu_plan.py builds (read from its cache, batch 8), priced on
+    the H100 and the H200: fp32 and every conversion, as in part 1."""
+    found = sorted(cache.glob("*_b8.onnx"))
+    if not found:
+        print(f"\nPart 3: no real-size models in {cache} (run benchmarks/bench_gpu_plan.py first)")
+        return
+    for name in names:
+        print(f"\nPart 3: real-size models (bench_gpu_plan.py's, batch 8) on {gpu(name).name} (ms, speed-up over fp32)")
+        cols = ["autocast", "autocast precise", "autocast any", "ort float16"]
+        print(f"| model | kernels | fp32 ms | {' | '.join(cols)} |")
+        print("|---|---:|---:|" + "---:|" * len(cols))
+        for path in found:
+            base = priced(onnx.load(str(path)), name)
+            cells = []
+            for model in conversions(path).values():
+                if isinstance(model, Exception):
+                    cells.append(f"failed: {type(model).__name__}")
+                    continue
+                e = priced(model, name)
+                cells.append(f"{e.seconds * 1e3:.2f} ({base.seconds / e.seconds:.2f}x)")
+            print(f"| {path.stem} | {len(base.kernels)} | {base.seconds * 1e3:.2f} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default=None, help="the GPU of part 1 (default: the table's)")
+    ap.add_argument("--real", type=Path, help="also price bench_gpu_plan.py's real-size models from this cache folder")
     args = ap.parse_args()
     part_one(args.gpu)
     part_two()
+    if args.real is not None:
+        part_three(args.real, ["H100", "H200"])
 
 
 if __name__ == "__main__":

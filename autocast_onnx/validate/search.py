@@ -218,7 +218,7 @@ def _regions(index, plan, candidates, input_sensitive) -> dict:
 
 BANDS = 12
 MAX_EVALUATIONS = 100  # then the smallest passing set found so far is kept
-COST_FLOOR_US = 0.5  # a band whose estimated cost is below this is priced at it (a Cast or two at most)
+COST_FLOOR_US = 1.0  # per node a band makes fp32: the least a band is priced at (and all, without shapes)
 
 
 def _bands(order: list, parts: int) -> list:
@@ -404,10 +404,12 @@ class _Search:
         costs (report/speed.py; per node made fp32 where the model has no shapes to price)."""
         ok_b, failures_b, error_b = self.ev.measure(self.forced(band))
         self.step(f"{label} ({len(band)} nodes) kept fp32", ok_b, failures_b)
+        # the nodes this makes fp32 (the band and the follow nodes that follow it to fp32)
+        made = sum(1 for i in self.order if self.ev.last_precisions[i] in ("fp32", "unchanged"))
         cost = self.cost_us(self.ev.last_result)
-        if cost is None:  # per node that this makes fp32 (the band and the follow nodes that follow it to fp32)
-            cost = sum(1 for i in self.order if self.ev.last_precisions[i] in ("fp32", "unchanged"))
-        return _gain(self.base_error, error_b) / max(cost, COST_FLOOR_US)
+        # the estimated microseconds, but never below a floor per node made fp32: on a model small
+        # enough that fp32 is faster (the Casts' launches dominate), fp32 everywhere is not the answer
+        return _gain(self.base_error, error_b) / max(cost if cost is not None else 0.0, made * COST_FLOOR_US, 1e-9)
 
     def cost_us(self, result) -> float | None:
         """The estimated microseconds a conversion takes beyond the plain one (None: not priced)."""
