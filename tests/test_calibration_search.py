@@ -247,6 +247,7 @@ def test_search_keeps_the_cheaper_of_two_islands_that_buy_the_same_accuracy():
     data = [{"x": (RNG.standard_normal((8, 16)) * 10).astype(np.float32)} for _ in range(2)]
     forced, log = search(m, data, {"precision": "fp16"}, parse_target(["cosine=0.999"]))
     assert "small_out" in log["kept"] and "big_out" not in log["kept"], log["kept"]
+    assert len(forced) == len(log["kept"])
     trade = log["trade"]
     assert trade["gpu"] == "H100" and trade["cost_us"] > 0 and trade["error_before"] > 0
     _, on_l4 = search(m, data, {"precision": "fp16", "gpu": "L4"}, parse_target(["cosine=0.999"]))
