@@ -50,12 +50,12 @@ def test_a_matmul_is_priced_at_its_types_peak_or_its_bytes(elem, kind, size):
     compute = flops / (h100.peak(kind) * t.compute_efficiency)
     memory = moved / (h100.bandwidth * 1e12 * t.bandwidth_efficiency)
     assert (k.flops, k.bytes, k.kind) == (flops, moved, kind)
-    assert k.seconds == pytest.approx(max(compute, memory) + t.launch_s)
+    assert k.seconds == pytest.approx(max(compute, memory, t.launch_s))
     assert k.bound == ("launch" if max(compute, memory) < t.launch_s else "compute" if compute > memory else "memory")
 
 
 def test_fp32_products_without_tf32_take_the_fp32_peak():
-    on, off = price(matmul(512, F32)), price(matmul(512, F32), tf32=False)
+    on, off = price(matmul(2048, F32)), price(matmul(2048, F32), tf32=False)
     assert on.kernels[0].kind == "tf32" and off.kernels[0].kind == "fp32"
     assert off.seconds > on.seconds
 
@@ -66,7 +66,9 @@ def test_a_cast_moves_what_it_reads_and_writes():
     [k] = price(m).kernels
     t = table()
     assert k.bytes == 256 * 1024 * (4 + 2) and k.flops == 0 and k.op == "Cast"
-    assert k.seconds == pytest.approx(k.bytes / (gpu("H100").bandwidth * 1e12 * t.bandwidth_efficiency) + t.launch_s)
+    assert k.seconds == pytest.approx(
+        max(k.bytes / (gpu("H100").bandwidth * 1e12 * t.bandwidth_efficiency), t.launch_s)
+    )
 
 
 def add_layer_norm():
@@ -146,7 +148,7 @@ def test_the_summary_states_the_estimate_and_the_json_carries_it():
     assert "an estimate, not a measurement" in line and "ignores" in line
     other = autocast_onnx.convert(str(ROOT / "examples/models/bert_tiny.onnx"), gpu="L4")
     slow = speed(other, other.gpu)
-    assert slow["gpu"] == "L4" and slow["fp32_ms"] > s["fp32_ms"]
+    assert slow["gpu"] == "L4" and slow["fp32_ms"] >= s["fp32_ms"]  # launch-bound: a kernel's dispatch at least
     with pytest.raises(AutocastError, match="unknown GPU"):
         autocast_onnx.convert(str(ROOT / "examples/models/bert_tiny.onnx"), gpu="nope")
 

@@ -22,9 +22,9 @@ def assumptions() -> str:
     t = roofline.table()
     return (
         f"a roofline estimate (each kernel max(FLOPs/peak, bytes/bandwidth) at {t.compute_efficiency:g} of the "
-        f"tensor-core peak and {t.bandwidth_efficiency:g} of the bandwidth, plus {t.launch_s * 1e6:g} us per launch, "
-        "fitted on recorded H200 figures; fp32 products as TF32); it ignores caches, kernel choice, overlap, the "
-        "attention fusions and layout transposes the runtime adds, and CPU fallbacks"
+        f"tensor-core peak and {t.bandwidth_efficiency:g} of the bandwidth, and at least {t.launch_s * 1e6:g} us, the "
+        "dispatch of one kernel, fitted on recorded H200 figures; fp32 products as TF32); it ignores caches, kernel "
+        "choice, the attention fusions and layout transposes the runtime adds, and CPU fallbacks"
     )
 
 

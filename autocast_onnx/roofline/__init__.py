@@ -1,6 +1,7 @@
 """An estimate of GPU latency without a GPU: a roofline model of an ONNX graph.
 
-Each kernel takes max(FLOPs / peak FLOP/s, bytes / bandwidth) plus a launch cost (gpus.json);
+Each kernel takes max(FLOPs / peak FLOP/s, bytes / bandwidth), or the launch cost (gpus.json) where
+that is longer: launches are asynchronous, so the GPU runs one kernel while the next is dispatched;
 the patterns ONNX Runtime fuses count as one kernel, whose tensors between its nodes never reach
 memory. Products (MatMul, Gemm, Conv, ConvTranspose, attention) are priced at the tensor-core
 peak of their input type (fp32 as TF32, as ONNX Runtime's CUDA provider runs it by default);

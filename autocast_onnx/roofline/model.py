@@ -150,7 +150,9 @@ class _Pricing:
         busy = max(compute, memory)
         bound = "launch" if total is None or busy < self.launch else "compute" if compute > memory else "memory"
         op = group[0].op_type if len(group) == 1 else "+".join(dict.fromkeys(n.op_type for n in group))
-        return KernelCost(members, op, total, flops, kind, busy + self.launch, bound)
+        # launches are asynchronous: the GPU runs one kernel while the next is dispatched, so a kernel takes
+        # its own time or the dispatch's, whichever is longer
+        return KernelCost(members, op, total, flops, kind, max(busy, self.launch), bound)
 
 
 def _bytes(shapes: Mapping, name: str) -> int | None:
