@@ -81,22 +81,28 @@ def conversions(path: Path) -> dict:
     return out
 
 
-def part_one(name: str) -> None:
-    print(f"Part 1: estimated latency on {gpu(name).name} (ms, and speed-up over fp32)")
-    cols = ["autocast", "autocast precise", "autocast any", "ort float16"]
-    print(f"| model | kernels | fp32 ms | {' | '.join(cols)} |")
-    print("|---|---:|---:|" + "---:|" * len(cols))
-    for path in MODELS:
+COLUMNS = ["autocast", "autocast precise", "autocast any", "ort float16"]
+
+
+def table_of(paths: list, name: str, digits: int) -> None:
+    """One row per model: its kernels, the fp32 estimate and each conversion's, with its speed-up."""
+    print(f"| model | kernels | fp32 ms | {' | '.join(COLUMNS)} |")
+    print("|---|---:|---:|" + "---:|" * len(COLUMNS))
+    for path in paths:
         base = priced(onnx.load(str(path)), name)
         cells = []
-        for label, model in conversions(path).items():
+        for model in conversions(path).values():
             if isinstance(model, Exception):
                 cells.append(f"failed: {type(model).__name__}")
                 continue
             e = priced(model, name)
-            cells.append(f"{e.seconds * 1e3:.3f} ({base.seconds / e.seconds:.2f}x)")
-            del label
-        print(f"| {path.stem} | {len(base.kernels)} | {base.seconds * 1e3:.3f} | {' | '.join(cells)} |")
+            cells.append(f"{e.seconds * 1e3:.{digits}f} ({base.seconds / e.seconds:.2f}x)")
+        print(f"| {path.stem} | {len(base.kernels)} | {base.seconds * 1e3:.{digits}f} | {' | '.join(cells)} |")
+
+
+def part_one(name: str) -> None:
+    print(f"Part 1: estimated latency on {gpu(name).name} (ms, and speed-up over fp32)")
+    table_of(MODELS, name, 3)
 
 
 def part_two() -> None:
@@ -135,19 +141,7 @@ def part_three(cache: Path, names: list[str]) -> None:
         return
     for name in names:
         print(f"\nPart 3: real-size models (bench_gpu_plan.py's, batch 8) on {gpu(name).name} (ms, speed-up over fp32)")
-        cols = ["autocast", "autocast precise", "autocast any", "ort float16"]
-        print(f"| model | kernels | fp32 ms | {' | '.join(cols)} |")
-        print("|---|---:|---:|" + "---:|" * len(cols))
-        for path in found:
-            base = priced(onnx.load(str(path)), name)
-            cells = []
-            for model in conversions(path).values():
-                if isinstance(model, Exception):
-                    cells.append(f"failed: {type(model).__name__}")
-                    continue
-                e = priced(model, name)
-                cells.append(f"{e.seconds * 1e3:.2f} ({base.seconds / e.seconds:.2f}x)")
-            print(f"| {path.stem} | {len(base.kernels)} | {base.seconds * 1e3:.2f} | {' | '.join(cells)} |")
+        table_of(found, name, 2)
 
 
 def main() -> None:

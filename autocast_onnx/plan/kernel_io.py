@@ -42,11 +42,10 @@ import numpy as np
 
 from ..catalog.compute import ComputeFact, computes_in_fp32
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, ITEMSIZE, dtype_name
-from ..errors import AutocastError
 from ..graph import GraphIndex
-from .classify import _missing_kernel, constant_array, is_constant
+from .classify import _missing_kernel
 from .model import Reason
-from .ranges import Bounds, judge
+from .ranges import Bounds, float_constant, judge
 from .vocab import Category, Paint, PortRole
 
 _LOW, _FP32 = Paint.LOW.value, Paint.FP32.value
@@ -157,27 +156,10 @@ def _exact_constant(value, low_type: int) -> bool:
     changes no number): a LayerNormalization's scale of ones and bias of zeros, say."""
     if value.dtype == low_type:
         return True
-    array = _float_constant(value, EXACT_CHECK_LIMIT)
+    array = float_constant(value, EXACT_CHECK_LIMIT)
     if array is None:
         return False
     return bool(np.array_equal(_rounded(array, low_type), array))
-
-
-def _float_constant(value, limit: int) -> np.ndarray | None:
-    """The values of an fp32 constant of at most `limit` elements, as float32; None for anything
-    else, or a constant that cannot be read here (the loader or the rewrite says why)."""
-    if value.dtype != FLOAT or not is_constant(value):
-        return None
-    tensor = value.initializer
-    if tensor is not None and math.prod(tensor.dims) > limit:
-        return None
-    try:
-        array = constant_array(value)
-    except (AutocastError, ValueError):
-        return None
-    if array is None or array.size > limit:
-        return None
-    return np.asarray(array, dtype=np.float32)
 
 
 def _rounded(array: np.ndarray, low_type: int) -> np.ndarray:
@@ -571,7 +553,7 @@ def _constant_fits(value, low_type: int) -> bool:
     node fp32."""
     if value.dtype == low_type:
         return True
-    array = _float_constant(value, FIT_CHECK_LIMIT)
+    array = float_constant(value, FIT_CHECK_LIMIT)
     if array is None:
         return False
     finite = array[np.isfinite(array)]

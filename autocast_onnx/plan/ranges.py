@@ -276,22 +276,28 @@ def _minus_its_max(node) -> bool:
     return reduce is not None and reduce.op == "ReduceMax" and reduce.domain == "" and reduce.inputs[0] is x
 
 
-def _constant_bounds(value) -> Interval | None:
-    """The interval of a float constant's values (None: not a float constant, too large to read,
-    or unreadable here; the loader or the rewrite says why)."""
-    if value.dtype != FLOAT:
+def float_constant(value, limit: int) -> np.ndarray | None:
+    """The values of an fp32 constant of at most `limit` elements, as float32; None for anything
+    else, or a constant that cannot be read here (the loader or the rewrite says why)."""
+    if value.dtype != FLOAT or not is_constant(value):
         return None
     tensor = value.initializer
-    if tensor is not None and math.prod(tensor.dims) > CONSTANT_LIMIT:
+    if tensor is not None and math.prod(tensor.dims) > limit:
         return None
     try:
         array = constant_array(value)
     except (AutocastError, ValueError):
         return None
-    if array is None or array.size == 0 or array.size > CONSTANT_LIMIT:
+    if array is None or array.size > limit:
         return None
-    array = np.asarray(array, dtype=np.float32)
-    if np.isnan(array).any():
+    return np.asarray(array, dtype=np.float32)
+
+
+def _constant_bounds(value) -> Interval | None:
+    """The interval of a float constant's values (None: not a float constant, too large to read,
+    holding NaN, or unreadable here)."""
+    array = float_constant(value, CONSTANT_LIMIT)
+    if array is None or array.size == 0 or np.isnan(array).any():
         return None
     return float(array.min()), float(array.max())
 
