@@ -65,11 +65,11 @@ def convert(
 
     planning, rest = plan_options_in(options, "convert")
     if calibration_data is None and target is None:
-        unused = (("inputs", inputs), ("dims", dims), ("ranges", ranges), ("compare_padded", compare_padded))
+        unused = (("inputs", inputs), ("ranges", ranges), ("compare_padded", compare_padded))
         given = [name for name, value in unused if value] + (["map_threshold"] if map_threshold is not None else [])
         if given:
             raise AutocastError(f"{given[0]}= has no effect without target=", None, "add target= or drop it")
-        return _convert(model, options=planning, **rest)
+        return _convert(model, options=planning, dims=dict(dims) if dims else None, **rest)
     validation = ValidateOptions(
         inputs=inputs,
         dims=dict(dims or {}),
@@ -82,7 +82,14 @@ def convert(
     )
     targets = [target] if isinstance(target, str) else list(target or ())
     measured = _measured(model, planning, calibration_data, targets, validation, rest.get("gpu"))
-    result = _convert(model, calibration=measured.calibration, force_fp32=measured.force_fp32, options=planning, **rest)
+    result = _convert(
+        model,
+        calibration=measured.calibration,
+        force_fp32=measured.force_fp32,
+        options=planning,
+        dims=dict(dims) if dims else None,
+        **rest,
+    )
     if measured.search_log is not None:
         result.plan.search = measured.search_log
     return result

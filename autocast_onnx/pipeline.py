@@ -193,6 +193,7 @@ def convert(
     loss_scale: str | float | None = None,
     options: PlanOptions | None = None,
     gpu: str | None = None,
+    dims: Mapping[str, int] | None = None,
     **planning,
 ) -> ConversionResult:
     """Convert a model to mixed precision.
@@ -211,7 +212,9 @@ def convert(
     may be given with it. `loss_scale` ("dynamic", "none" or a number; default dynamic for
     onnxruntime-training models) puts loss scaling into a training graph (see
     rewrite/loss_scale.py). `gpu` names the GPU of the summary's latency estimate (a key of
-    autocast_onnx/data/gpus.json; None: its default; report/speed.py). Returns the converted model,
+    autocast_onnx/data/gpus.json; None: its default; report/speed.py); `dims` sizes the model's open
+    input dimensions for the summary's cast traffic and estimate (NAME=SIZE, as validate's --dims;
+    None: the sizes validation generates). Returns the converted model,
     the precision plan (node -> precision and reasons) and statistics. Raises AutocastError on bad
     input.
     """
@@ -234,6 +237,7 @@ def convert(
             force_fp32=force_fp32,
             plan=plan,
             loss_scale=loss_scale,
+            dims=dims,
         )
         result.gpu = gpu
         return result
@@ -501,6 +505,7 @@ def _convert_loaded(
     plan=None,
     loss_scale=None,
     weights: _Weights | None = None,
+    dims: Mapping[str, int] | None = None,
 ) -> ConversionResult:
     """Convert a loaded model, stage by stage (each logged with -v and named in an unexpected
     error). `weights` says where the converted weights go (convert_file's fast path)."""
@@ -538,7 +543,7 @@ def _convert_loaded(
                 low_io = _low_precision_io(index, selection.low_precision_io, training, where) if selection else None
                 sizes = _sizes_before(index, loaded, scale)
             with _stage("plan", timings, "plan"):
-                shapes = tensor_shapes(model)  # one inference: the output-head rule and the cost report
+                shapes = tensor_shapes(model, dims)  # one inference: the output-head rule and the cost report
                 work = _work(index, shapes)
                 if selection is not None:
                     _screened(screen, loaded, index, converted)
@@ -1161,4 +1166,4 @@ def _api_options(options: dict) -> dict:
 
 
 # convert's keywords besides the planning options (those of convert_file's **options)
-_CONVERT_KEYWORDS = {"options", "check", "calibration", "force_fp32", "plan", "loss_scale"}
+_CONVERT_KEYWORDS = {"options", "check", "calibration", "force_fp32", "plan", "loss_scale", "dims"}

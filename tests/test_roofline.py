@@ -197,3 +197,20 @@ def test_an_attention_op_counts_its_products():
     [k] = price(m).kernels
     assert k.flops == 2 * (2 * 64 * 256 * 768 + 2 * 2 * 64 * 64 * 256) and k.kind == "tf32"
     assert math.isfinite(k.seconds)
+
+
+def test_dim_sizes_the_estimate_and_the_cast_traffic(tmp_path):
+    """convert --dim (API dims=) sizes the open input dimensions of the summary's figures; without it they
+    take the sizes validation generates. --dim needs no --validate for that."""
+    path = str(ROOT / "examples/models/vit_tiny.onnx")
+    plain = autocast_onnx.convert(path)
+    wide = autocast_onnx.convert(path, dims={"batch": 4096})
+    a, b = speed(plain), speed(wide)
+    assert a["open_dims"] == {"batch": 3} and b["open_dims"] == {"batch": 4096}
+    assert b["fp32_ms"] > a["fp32_ms"]  # 4096 images: no longer dispatch-bound
+    assert summary_dict(wide)["cost"]["cast_bytes"] > summary_dict(plain)["cost"]["cast_bytes"]
+    run = [sys.executable, "-m", "autocast_onnx", "convert", path, "-o", str(tmp_path / "v.onnx"), "--dim", "batch=4096"]
+    out = subprocess.run(run, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "estimated on H100 (NVIDIA H100 SXM5 80 GB) at batch=4096" in out.stdout
+    assert "open input dims at the sizes --dim gives: batch=4096" in out.stdout

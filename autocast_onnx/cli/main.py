@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -355,7 +355,7 @@ def input_options_group(
             multiple=True,
             type=TEXT,
             help="Size of a dynamic input dimension: NAME=VALUE for a symbolic one, INPUT:AXIS=VALUE for an unnamed "
-            "one (repeatable).",
+            "one (repeatable). convert: also the size of the summary's cast traffic and GPU estimate.",
         ),
         click.option(
             "--input-range",
@@ -491,7 +491,8 @@ _COMPARE_ONLY = (
     "report_html",
 )
 # the --target search runs on these inputs and measures as validation does (padding, map masks)
-_INPUT_OPTIONS = ("inputs", "dims", "ranges", "batches", "seed", "map_threshold", "compare_padded")
+# --dims also sizes the summary's cast traffic and GPU estimate, so it is never without effect
+_INPUT_OPTIONS = ("inputs", "ranges", "batches", "seed", "map_threshold", "compare_padded")
 
 
 LONG_STAGE_S = 1.0  # without a terminal, a stage that took longer says so in one line
@@ -839,6 +840,7 @@ class _ConvertCall:
     verbose: bool
     kw: dict[str, Any]
     to_stderr: bool = False
+    dims: dict = field(default_factory=dict)  # --dims, parsed: validation's sizes and the summary's
 
     @property
     def report_json(self):
@@ -878,6 +880,7 @@ def _convert_body(call: _ConvertCall, written) -> bool:
     replay = _replay_plan(call)
     out = _choose_output(call, replay.target.value if replay is not None else plan.target.value)
     options = validate_options(settings, **call.kw)  # refuse bad validation flags before any work
+    call.dims = dict(options.dims)  # they size the summary's cast traffic and estimate too
     goal = None
     if call.targets:
         from ..options import parse_targets
@@ -1042,6 +1045,7 @@ def _run_conversion(call: _ConvertCall, out, replay, plan, measured):
         check=call.check,
         loss_scale=call.loss_scale,
         search_log=measured.search_log,
+        dims=call.dims or None,
         **planning,
     )
     result.gpu = call.kw.get("gpu")

@@ -69,7 +69,7 @@ def _open(dim) -> bool:
     return not dim.HasField("dim_value") or dim.dim_value <= 0
 
 
-def _fix_open_dims(probe: onnx.ModelProto, inputs: set) -> dict[str, int]:
+def _fix_open_dims(probe: onnx.ModelProto, inputs: set, chosen: Mapping[str, int] | None = None) -> dict[str, int]:
     """Give each open dimension of the probe's model inputs (`inputs`: their names) the size
     validation generates, and each symbolic dimension of that name elsewhere in the graph's
     declared types the same size; returns what was set: {"batch": 3, "images:2": 8, ...}
@@ -83,7 +83,8 @@ def _fix_open_dims(probe: onnx.ModelProto, inputs: set) -> dict[str, int]:
         for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
             if _open(dim):
                 name = dim.dim_param
-                size = sizes.setdefault(name or f"{vi.name}:{axis}", open_dim_size(name, axis))
+                key = name or f"{vi.name}:{axis}"
+                size = sizes.setdefault(key, (chosen or {}).get(key, open_dim_size(name, axis)))
                 dim.Clear()
                 dim.dim_value = size
     for vi in list(g.value_info) + list(g.output):
@@ -103,8 +104,9 @@ class TensorShapes(Mapping):
     each name (a model has many more tensors than the cost line and the head rule look at).
     `open_dims` says which sizes the model's open input dimensions took ({"batch": 3, ...})."""
 
-    def __init__(self, probe: onnx.ModelProto, open_dims: dict[str, int]):
+    def __init__(self, probe: onnx.ModelProto, open_dims: dict[str, int], chosen: bool = False):
         self.open_dims = open_dims
+        self.chosen = chosen  # whether the caller named sizes (--dim) rather than validation's defaults
         self._infos: dict = {}
         for infos in (probe.graph.input, probe.graph.value_info, probe.graph.output):
             for vi in infos:
@@ -140,24 +142,25 @@ class TensorShapes(Mapping):
         return len(self._infos)
 
 
-def tensor_shapes(model: onnx.ModelProto) -> TensorShapes | None:
+def tensor_shapes(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) -> TensorShapes | None:
     """name -> (elem_type, shape tuple or None) for the tensors of the main graph, from ONNX shape
     inference on a weightless copy (with data propagation when shapes are computed: Shape or Size
     ops) whose open input dimensions take the sizes validation generates (open_dim_size). None for
-    a graph over LIMIT_NODES nodes.
+    a graph over LIMIT_NODES nodes. `dims` (NAME=SIZE, or INPUT:AXIS=SIZE for an unnamed one, as
+    validate's --dims) sizes open dimensions in place of those defaults.
 
         x: float[batch, 8] -> MatMul(x, W[8, 4]) -> y   gives   {"x": (1, (3, 8)), "y": (1, (3, 4)), ...}"""
     if len(model.graph.node) > LIMIT_NODES:
         return None
     probe = _without_weights(model)
     initializers = {t.name for t in model.graph.initializer}
-    open_dims = _fix_open_dims(probe, {vi.name for vi in model.graph.input if vi.name not in initializers})
+    open_dims = _fix_open_dims(probe, {vi.name for vi in model.graph.input if vi.name not in initializers}, dims)
     computed = any(n.op_type in ("Shape", "Size") for g in all_graphs(model.graph) for n in g.node)
     try:
         probe = onnx.shape_inference.infer_shapes(probe, data_prop=computed)
     except Exception:  # inference is best effort: unknown shapes are reported as unknown
         pass
-    return TensorShapes(probe, open_dims)
+    return TensorShapes(probe, open_dims, chosen=bool(dims))
 
 
 def macs_of(node: onnx.NodeProto, shapes: Mapping[str, tuple]) -> int | None:

@@ -60,6 +60,7 @@ def conversion_cost(shapes: Mapping | None, macs: list | None, nodes, cast_outpu
         "macs_low_precision": macs_low,
         "mac_nodes_unknown_shape": unknown_macs,
         "open_dims": dict(getattr(shapes, "open_dims", {})),
+        "dims_chosen": bool(getattr(shapes, "chosen", False)),  # --dim named them
     }
 
 
@@ -110,5 +111,6 @@ def cost_line(cost: dict) -> str:
     if dims:
         shown = [f"{name}={size}" for name, size in list(dims.items())[:4]]
         more = f", ... ({len(dims)} in all)" if len(dims) > 4 else ""
-        line += f" (open input dims at the sizes validate generates: {', '.join(shown)}{more})"
+        whose = "--dim gives" if cost.get("dims_chosen") else "validate generates"
+        line += f" (open input dims at the sizes {whose}: {', '.join(shown)}{more})"
     return line
