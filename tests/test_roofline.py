@@ -209,7 +209,17 @@ def test_dim_sizes_the_estimate_and_the_cast_traffic(tmp_path):
     assert a["open_dims"] == {"batch": 3} and b["open_dims"] == {"batch": 4096}
     assert b["fp32_ms"] > a["fp32_ms"]  # 4096 images: no longer dispatch-bound
     assert summary_dict(wide)["cost"]["cast_bytes"] > summary_dict(plain)["cost"]["cast_bytes"]
-    run = [sys.executable, "-m", "autocast_onnx", "convert", path, "-o", str(tmp_path / "v.onnx"), "--dim", "batch=4096"]
+    run = [
+        sys.executable,
+        "-m",
+        "autocast_onnx",
+        "convert",
+        path,
+        "-o",
+        str(tmp_path / "v.onnx"),
+        "--dim",
+        "batch=4096",
+    ]
     out = subprocess.run(run, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "estimated on H100 (NVIDIA H100 SXM5 80 GB) at batch=4096" in out.stdout
