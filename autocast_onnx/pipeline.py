@@ -509,8 +509,7 @@ def _convert_loaded(
 ) -> ConversionResult:
     """Convert a loaded model, stage by stage (each logged with -v and named in an unexpected
     error). `weights` says where the converted weights go (convert_file's fast path)."""
-    where = str(loaded.path) if loaded.path else "<model>"
-    model = loaded.model
+    where, model = (str(loaded.path) if loaded.path else "<model>"), loaded.model
     with _stage("resolve target"):
         measured = {"calibration": calibration, "force_fp32": force_fp32}
         plan, target, keep_io_types = _resolve_target(plan, options, measured)
