@@ -115,7 +115,14 @@ def _measured(model, planning, calibration_data, targets: list, validation, gpu:
 
 
 def explain(
-    model, node: str | None = None, *, op: str | None = None, calibration_data=None, islands: bool = False, **options
+    model,
+    node: str | None = None,
+    *,
+    op: str | None = None,
+    calibration_data=None,
+    islands: bool = False,
+    frontier: bool = False,
+    **options,
 ) -> list:
     """The plan entries (NodePlan: precision, category, reasons) of the nodes `node` names (a
     name, "#ID", or a regex when it has regex characters) or of every node of op type `op`, as
@@ -126,8 +133,10 @@ def explain(
 
     if node is None and op is None and not islands:
         raise AutocastError("say which node: node= (a name, regex or #ID), op= or islands=True", None, "pass one")
+    if frontier and not islands:
+        raise AutocastError("frontier= needs islands=True", "frontier", "pass islands=True")
     if islands and node is None and op is None:
-        return _priced_islands(model, calibration_data, options)
+        return _priced_islands(model, calibration_data, options, frontier)
     if options.get("gpu") is not None:
         raise AutocastError("gpu= has no effect without islands=True", "gpu", "pass islands=True or drop gpu")
     plan = _explained_plan(model, calibration_data, options)
@@ -141,11 +150,23 @@ def explain(
     return entries
 
 
-def _priced_islands(model, calibration_data, options: dict) -> list:
-    """The fp32 islands of the conversion, each with its estimated `cost` on `gpu` (report/speed.py)."""
+def _priced_islands(model, calibration_data, options: dict, frontier: bool = False) -> list:
+    """The fp32 islands of the conversion, each with its estimated `cost` on `gpu` (report/speed.py);
+    with `frontier`, the rows of validate/frontier.py instead: cheapest first, each with the error it buys."""
+    from .plan.options import plan_options_in
     from .report.speed import island_costs
 
     result = convert(model, calibration_data=calibration_data, check="none", **options)
+    if frontier:
+        from .validate.frontier import frontier as islands_frontier
+
+        planning, _ = plan_options_in({k: v for k, v in options.items() if k != "gpu"}, "explain")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = model
+            if isinstance(model, onnx.ModelProto):
+                path = Path(tmp) / "model.onnx"
+                onnx.save(model, path)
+            return islands_frontier(str(path), result, planning, options.get("gpu"))
     costs = island_costs(result, options.get("gpu"))
     for island in result.plan.islands:
         island.cost = costs.get(island.number)

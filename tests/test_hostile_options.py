@@ -319,6 +319,7 @@ HOSTILE = {
         "node": {"empty": "", "blank": " ", "unknown": "nosuch", "negative_id": "#-1", "huge_id": "#" + "9" * 30},
         "op_type": {"empty": "", "blank": " ", "unknown": "Softmaxx", "absent_from_model": "Conv"},
         "islands": NO_VALUE,
+        "frontier": NO_VALUE,
         "gpu": {"empty": "", "unknown": "V100"},
         "precision": choice(),
         "rules": RULES,

@@ -327,3 +327,23 @@ def test_the_api_lists_the_islands_as_explain_does():
     with pytest.raises(autocast_onnx.AutocastError, match="no effect without islands"):
         autocast_onnx.explain(m, "exp", gpu="A100")
     assert autocast_onnx.explain(decomposed_softmax(), islands=True) == []
+
+
+def test_the_frontier_prices_each_island_and_measures_the_error_it_buys(tmp_path):
+    """explain --islands --frontier (API frontier=True): the precise plan's islands from cheapest to
+    dearest, each with the error it buys. bert_tiny's precise plan keeps its residual stream fp32
+    in one island: running it low raises the emulated error by tens of times."""
+    bert = str(ROOT / "examples/models/bert_tiny.onnx")
+    rows = autocast_onnx.explain(bert, islands=True, frontier=True, precise=True)
+    costs = [r.cost_us for r in rows]
+    assert costs == sorted(costs) and all(c > 0 for c in costs)
+    stream = max(rows, key=lambda r: r.nodes)
+    assert "precise" in stream.kinds and stream.error_low > 10 * stream.error_kept
+    cli = [sys.executable, "-m", "autocast_onnx", "explain", bert]
+    out = subprocess.run([*cli, "--islands", "--frontier", "--precise"], capture_output=True, text=True, check=True)
+    assert "frontier of the 2 fp32 island(s), cheapest first (estimated on H100" in out.stdout
+    assert re.search(r"costs [\d.]+ us; keeps the error at [\d.e-]+ where running it low gives", out.stdout)
+    bad = subprocess.run([*cli, "/Where", "--frontier"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--frontier needs --islands" in bad.stderr
+    with pytest.raises(autocast_onnx.AutocastError, match="frontier= needs islands=True"):
+        autocast_onnx.explain(bert, "/Where", frontier=True)

@@ -580,7 +580,7 @@ OPTION_GROUPS = (
             "loss_scale",
         ),
     ),
-    ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type", "islands")),
+    ("Node selection", ("exclude_op", "include_op", "exclude_node", "include_node", "op_type", "islands", "frontier")),
     ("Data-driven planning", ("calibration_data", "targets")),
     (
         "Validation inputs",
@@ -1732,7 +1732,7 @@ def _island_costs(model, plan, measured, kw, settings) -> dict:
         flag if flag is not None else settings.get("gpu"), "--gpu" if flag is not None else "gpu (configuration)"
     )
     result = convert(model, calibration=measured.calibration, options=plan, check="none")
-    return {"plan": result.plan, "gpu": chosen.key, **island_costs(result, chosen.key)}
+    return {"plan": result.plan, "gpu": chosen.key, "result": result, **island_costs(result, chosen.key)}
 
 
 def _islands_text(plan, replayed: bool, costs: dict | None = None) -> str:
@@ -1789,9 +1789,15 @@ def _islands_text(plan, replayed: bool, costs: dict | None = None) -> str:
     help="With --islands: the GPU of the estimate (H100, H200, A100, L4, L40S, RTX4090, RTX3060, Orin) "
     "[default: H100, or the configuration's gpu].",
 )
+@click.option(
+    "--frontier",
+    is_flag=True,
+    help="With --islands: the islands from cheapest to dearest, each with the error it buys (the model run with "
+    "fp16 numerics emulated on generated inputs, with and without the island low; needs ONNX Runtime).",
+)
 @config_option
 @verbose_option
-def explain(model, node, op_type, plan_file, calibration_data, islands, config, verbose, **kw) -> None:
+def explain(model, node, op_type, plan_file, calibration_data, islands, frontier, config, verbose, **kw) -> None:
     """Say which precision NODE of MODEL gets and why: the rules that fired (file:line) and
     measured values. NODE is a node name, #ID for the plan's node id, or a regex (when it has
     regex characters such as . * [ ^; re.search) explaining every node whose name matches;
@@ -1853,9 +1859,17 @@ def explain(model, node, op_type, plan_file, calibration_data, islands, config, 
             measured = plan_on_data(model, plan, calibration_data=calibration_data)
             # only the plan is read: no rewrite
             planned = plan_model(model, calibration=measured.calibration, options=plan)
+        if frontier and not (islands and plan_file is None):
+            raise AutocastError("--frontier needs --islands (and no --plan)", "--frontier", "add --islands")
         if islands and node is None and op_type is None:
             costs = _island_costs(model, plan, measured, kw, settings) if plan_file is None else {}
             _echo(_islands_text(planned.plan if plan_file is not None else costs["plan"], plan_file is not None, costs))
+            if frontier:
+                from ..validate.frontier import frontier as islands_frontier
+                from ..validate.frontier import frontier_text
+
+                rows = islands_frontier(model, costs["result"], plan, costs["gpu"])
+                _echo(frontier_text(rows, costs["gpu"]))
             return
         if kw.get("gpu") is not None:
             raise AutocastError("--gpu has no effect without --islands", "--gpu", "add --islands or drop --gpu")
