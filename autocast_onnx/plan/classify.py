@@ -17,6 +17,7 @@ from ..dtypes import BFLOAT16, FLOAT, FLOAT16, LIMITS, MIXABLE, bf16_bits_to_flo
 from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR, GraphIndex, Value, signatures
 from ..graph.index import container_param
+from ..graph.regions import regions
 from ..hazards import PASS_ON_OPS, fp16_lost, range_facts, range_sentence
 from ..hazards import thresholds as hazard_thresholds
 from ..io import is_external, tensor_array, tensor_bytes, tensor_nbytes
@@ -579,23 +580,14 @@ def _warn_regions(denied: list, runtime: str, result) -> None:
     runtime's kernel: ONNX Runtime would run each region on the CPU provider as one block, with copies only at its
     edges, and the user may rather move the region (or the model's opset) than read node after node."""
     members = {node.id: node for node in denied}
-    parent = {nid: nid for nid in members}
 
-    def root(nid: int) -> int:
-        while parent[nid] != nid:
-            parent[nid] = parent[parent[nid]]
-            nid = parent[nid]
-        return nid
-
-    for node in denied:
-        for value in node.outputs:
+    def readers(nid: int):
+        for value in members[nid].outputs:
             for consumer, _ in value.consumers if value is not None else ():
-                if consumer.id in members:
-                    parent[root(consumer.id)] = root(node.id)
-    regions: dict[int, list] = {}
-    for node in denied:
-        regions.setdefault(root(node.id), []).append(node)
-    big = sorted((r for r in regions.values() if len(r) > 1), key=len, reverse=True)
+                yield consumer.id
+
+    found = [[members[i] for i in region] for region in regions(members, readers)]
+    big = sorted((r for r in found if len(r) > 1), key=len, reverse=True)
     if not big:
         return
     shown = "; ".join(

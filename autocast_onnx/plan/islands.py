@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from ..catalog.compute import computes_in_fp32
 from ..dtypes import FLOAT, FLOAT16
 from ..graph import GraphIndex
+from ..graph.regions import regions
 from .ranges import Bounds, judge
 
 KINDS = {
@@ -151,29 +152,17 @@ def find(index: GraphIndex, plan, context: Context, shapes: Mapping | None = Non
     fp32 = [i for i, p in enumerate(plan.precisions) if str(p) == "fp32"]
     if not fp32:
         return []
-    members = set(fp32)
-    parent = {i: i for i in fp32}
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in fp32:
+    def producers(i: int):  # the fp32 nodes whose float outputs node i reads
         for value in index.nodes[i].inputs:
-            producer = value.producer if value is not None else None
-            if producer is not None and producer.id in members and value.dtype == FLOAT:
-                a, b = root(i), root(producer.id)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    groups: dict[int, list[int]] = {}
-    for i in fp32:
-        groups.setdefault(root(i), []).append(i)
+            if value is not None and value.producer is not None and value.dtype == FLOAT:
+                yield value.producer.id
+
+    groups = regions(fp32, producers)
     entries = plan.nodes
     bounds = Bounds(index, shapes)
     islands = []
-    for number, ids in enumerate(sorted(groups.values(), key=lambda g: g[0]), start=1):
+    for number, ids in enumerate(groups, start=1):
         ops: dict[str, int] = {}
         for i in ids:
             ops[entries[i].op_type] = ops.get(entries[i].op_type, 0) + 1

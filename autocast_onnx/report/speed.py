@@ -143,17 +143,18 @@ def island_costs(result, gpu_name: str | None = None) -> dict:
     source, _, after = got
     graph = result._model.graph
     position = {node.output[0]: i for i, node in enumerate(graph.node) if node.output}
+    cast_reading: dict[str, list[int]] = {}  # tensor -> the Casts that read it (one scan of the graph)
+    for j, node in enumerate(graph.node):
+        if node.op_type == "Cast" and node.input and node.output:
+            cast_reading.setdefault(node.input[0], []).append(j)
     total = after.seconds
     out = {}
     for island in result.plan.islands:
         names = {name for i in island.nodes for name in source.written.get(i, ())}
         own = {position[name] for name in names if name in position}
         read = {name for j in own for name in graph.node[j].input}
-        casts = {
-            j
-            for j, node in enumerate(graph.node)
-            if node.op_type == "Cast" and node.input and (node.input[0] in names or node.output[0] in read)
-        }
+        casts = {j for name in names for j in cast_reading.get(name, ())}  # Casts of its outputs
+        casts |= {position[n] for n in read if n in position and graph.node[position[n]].op_type == "Cast"}
         us = after.seconds_of_nodes(own | casts) * 1e6
         cast_us = after.seconds_of_nodes(casts) * 1e6
         out[island.number] = {"us": us, "cast_us": cast_us, "share": us / (total * 1e6) if total else 0.0}

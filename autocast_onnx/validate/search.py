@@ -32,6 +32,7 @@ from typing import Any
 
 import onnx
 
+from .. import roofline
 from ..errors import AutocastError
 from ..graph import build_index
 from ..plan import global_order
@@ -519,5 +520,4 @@ class _Search:
         if not kept:
             return None
         cost = self.cost_us(self.ev.convert(self.forced(kept)))
-        gpu = speed(self.first, self.gpu).get("gpu")
-        return {"error_before": self.base_error, "cost_us": cost, "gpu": gpu}
+        return {"error_before": self.base_error, "cost_us": cost, "gpu": roofline.gpu(self.gpu).key}
