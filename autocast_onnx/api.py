@@ -44,6 +44,7 @@ def convert(
     device: str = "auto",
     map_threshold=None,
     compare_padded: bool = False,
+    verdict=None,
     **options,
 ):
     """Convert a model (path or ModelProto) to mixed precision, as `autocast-onnx convert`.
@@ -57,14 +58,20 @@ def convert(
     on `inputs`, or on `batches` generated from `dims`, `ranges` and `seed`, measured as validate
     measures (`map_threshold` cuts a probability map's masks for target "iou=..."; padded positions
     are left out unless `compare_padded`). Returns a ConversionResult (its plan's `search` holds
-    the search's log when there was one)."""
+    the search's log when there was one). `verdict(reference, converted) -> bool`, a callable
+    given the two lists of output arrays of one batch, is the caller's own judgement: the search
+    keeps the fewest nodes fp32 for it to hold, beside `target` or alone."""
     from .options import thresholds_from
     from .pipeline import convert as _convert
     from .plan.options import plan_options_in
     from .validate.core import ValidateOptions
 
     planning, rest = plan_options_in(options, "convert")
-    if calibration_data is None and target is None:
+    if verdict is not None and not callable(verdict):
+        raise AutocastError(
+            f"verdict={verdict!r} is not callable", "verdict", "pass a function (reference, converted) -> bool"
+        )
+    if calibration_data is None and target is None and verdict is None:
         unused = (("inputs", inputs), ("ranges", ranges), ("compare_padded", compare_padded))
         given = [name for name, value in unused if value] + (["map_threshold"] if map_threshold is not None else [])
         if given:
@@ -81,7 +88,7 @@ def convert(
         compare_padded=bool(compare_padded),
     )
     targets = [target] if isinstance(target, str) else list(target or ())
-    measured = _measured(model, planning, calibration_data, targets, validation, rest.get("gpu"))
+    measured = _measured(model, planning, calibration_data, targets, validation, rest.get("gpu"), verdict)
     result = _convert(
         model,
         calibration=measured.calibration,
@@ -95,20 +102,21 @@ def convert(
     return result
 
 
-def _measured(model, planning, calibration_data, targets: list, validation, gpu: str | None = None):
+def _measured(model, planning, calibration_data, targets: list, validation, gpu: str | None = None, verdict=None):
     """What running the fp32 model on data decides (validate/on_data.py): measured ranges with
     `calibration_data`, nodes kept fp32 by the accuracy search with `targets` (priced on `gpu`).
-    `planning` is the call's PlanOptions."""
+    `planning` is the call's PlanOptions; `model` a path or a ModelProto, as plan_on_data takes it."""
     from .validate.on_data import plan_on_data
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = model
-        if isinstance(model, onnx.ModelProto):
-            path = Path(tmp) / "model.onnx"
-            onnx.save(model, path)
-        return plan_on_data(
-            path, planning, calibration_data=calibration_data, targets=targets, validation=validation, gpu=gpu
-        )
+    return plan_on_data(
+        model,
+        planning,
+        calibration_data=calibration_data,
+        targets=targets,
+        validation=validation,
+        gpu=gpu,
+        verdict=verdict,
+    )
 
 
 # ---- explain ----------------------------------------------------------------------------------
@@ -128,9 +136,13 @@ def explain(
     name, "#ID", or a regex when it has regex characters) or of every node of op type `op`, as
     `autocast-onnx explain`; `entry.explain()` gives the CLI's text. Planning keywords as convert.
     With `islands=True` and no node or op: the fp32 islands of the conversion (plan/islands.Island,
-    each with its `causes` and its estimated `cost` on `gpu`), as `autocast-onnx explain --islands`."""
+    each with its `causes` and its estimated `cost` on `gpu`), as `autocast-onnx explain --islands`.
+    `model` is a path or an onnx.ModelProto (never edited)."""
     import re
 
+    from .io import model_argument
+
+    model = model_argument(model, "model")
     if node is None and op is None and not islands:
         raise AutocastError("say which node: node= (a name, regex or #ID), op= or islands=True", None, "pass one")
     if frontier and not islands:
@@ -226,20 +238,22 @@ def check(
     strict: bool = False,
     **planning,
 ):
-    """The CI gate on `model` (a path), as `autocast-onnx check`: lint it, convert it, lint the
-    result, validate it; returns a CheckResult (`passed`, `report` as --report-json writes it,
-    `diagnostics`, `text()`). The keywords are the command's options: the planning options as
-    convert's (precision, rules, exclude_ops, ...), the lint options (select, ignore, fail_on),
-    the validation options as validate's, `skip_validate` (--no-validate), `output` (keep the
-    converted model there) and `baseline`, the path of an earlier report (--report-json): then
-    only new findings and regressions fail. They go through the command line's builders, so a
-    bad value is the AutocastError the command line gives."""
+    """The CI gate on `model` (a path or an onnx.ModelProto, never edited), as `autocast-onnx check`:
+    lint it, convert it, lint the result, validate it; returns a CheckResult (`passed`, `report`
+    as --report-json writes it, `diagnostics`, `text()`). The keywords are the command's
+    options: the planning options as convert's (precision, rules, exclude_ops, ...), the lint
+    options (select, ignore, fail_on), the validation options as validate's, `skip_validate`
+    (--no-validate), `output` (keep the converted model there) and `baseline`, the path of an
+    earlier report (--report-json): then only new findings and regressions fail. They go through
+    the command line's builders, so a bad value is the AutocastError the command line gives."""
     from .gate import check as run_gate
     from .gate import load_baseline
+    from .io import model_argument, model_file
     from .options import lint_options, plan_options, validate_options
     from .plan.options import PLANNING
     from .validate.core import precheck
 
+    model = model_argument(model, "model")
     unknown = sorted(set(planning) - set(PLANNING))
     if unknown:
         raise TypeError(f"check() got an unexpected keyword argument {unknown[0]!r}")
@@ -256,12 +270,13 @@ def check(
     given = {k: v for k, v in validation.items() if v is not None}
     vopts = validate_options(None, strict=strict, **given)
     prior = load_baseline(baseline) if baseline is not None else None
-    if not skip_validate:
-        precheck(model, vopts)
-    return run_gate(
-        model, output=output, plan_options=plan, lint_options=lint, validation=vopts, skip_validate=skip_validate,
-        baseline=prior,
-    )  # fmt: skip
+    with model_file(model) as path:  # the gate works on files: a ModelProto is written to a temporary one
+        if not skip_validate:
+            precheck(path, vopts)
+        return run_gate(
+            path, output=output, plan_options=plan, lint_options=lint, validation=vopts, skip_validate=skip_validate,
+            baseline=prior, shown=None if path is model else "<model>",
+        )  # fmt: skip
 
 
 def _refuse_without_effect(validation: dict, skip_validate: bool) -> None:

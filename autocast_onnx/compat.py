@@ -14,11 +14,11 @@ switches a script over:
 
 Each keyword becomes one of autocast-onnx's options (autocast_onnx.convert: precision,
 keep_io_types, low_precision_io, exclude_ops, exclude_nodes, check; target and inputs for the
-accuracy search), so the conversion is the project's own: rule files, data rules, the plan and the
-rewrite, never a second converter. A keyword whose behaviour the project does not reproduce
-(clamping constants to min_positive_val/max_finite_val, fp16 weights for fp32 nodes, a
-validation callback, ...) is refused with an AutocastError when given a value other than its
-default, never ignored. docs/migrating.md maps every keyword and says what differs and why.
+accuracy search, with the caller's validate_fn as its verdict), so the conversion is the project's
+own: rule files, data rules, the plan and the rewrite, never a second converter. A keyword whose
+behaviour the project does not reproduce (clamping constants to min_positive_val/max_finite_val,
+fp16 weights for fp32 nodes, ...) is refused with an AutocastError when given a value other than
+its default, never ignored. docs/migrating.md maps every keyword and says what differs and why.
 
 The plan's warnings, which the project's own calls keep in `result.plan.warnings`, are issued
 as Python warnings (CompatWarning), because a caller of these functions gets only the model.
@@ -46,7 +46,11 @@ __all__ = [
     "DEFAULT_OP_BLOCK_LIST",
     "CompatWarning",
     "auto_convert_mixed_precision",
+    "auto_convert_mixed_precision_model_path",
     "convert_float_to_float16",
+    "modelopt_autocast",
+    "modelopt_convert_to_f16",
+    "modelopt_convert_to_mixed_precision",
     "onnxruntime_convert_float_to_float16",
     "onnxruntime_float16",
 ]
@@ -206,31 +210,32 @@ def auto_convert_mixed_precision(
     model, feed_dict, validate_fn=None, rtol=None, atol=None, keep_io_types=False, *, runtime=None
 ) -> onnx.ModelProto:
     """onnxconverter-common's `auto_convert_mixed_precision`, as autocast-onnx's accuracy search:
-    the fewest nodes kept fp32 for the converted model to meet `rtol` and/or `atol` on the inputs
-    `feed_dict` (input name -> array); returns the converted ModelProto.
+    the fewest nodes kept fp32 for the converted model to meet `validate_fn` and/or `rtol` and
+    `atol` on the inputs `feed_dict` (input name -> array); returns the converted ModelProto.
 
-    rtol and atol are the project's validation thresholds (`--target rtol=X,atol=Y`): rtol bounds
-    the largest absolute error relative to the output's largest magnitude, atol the largest
-    absolute error, both on every output (np.allclose's elementwise test would make every value
-    near zero match to atol, which rtol alone sets to 1e-8 there). The outputs are measured with
-    the low type's rounding emulated, as `autocast-onnx validate` measures on CPU. keep_io_types
-    and runtime as in convert_float_to_float16. validate_fn, a callback the search cannot judge by, is
-    refused: state the criterion as rtol/atol, or call autocast_onnx.convert with target= for
-    cosine or top-1 agreement."""
-    from .api import convert
-
+    validate_fn(res1, res2) -> bool, as in the peer, is called with the fp32 model's outputs and
+    the converted model's (two lists of arrays in the model's output order, the second in the
+    converted model's output types) and must return True for a conversion to pass; the search
+    first checks that it accepts the fp32 outputs against themselves. rtol and atol are the
+    project's validation thresholds (`--target rtol=X,atol=Y`): rtol bounds the largest absolute
+    error relative to the output's largest magnitude, atol the largest absolute error, both on
+    every output (np.allclose's elementwise test would make every value near zero match to atol,
+    which rtol alone sets to 1e-8 there). Given with validate_fn, both must hold, as in the peer.
+    The outputs are measured with the low type's rounding emulated, as `autocast-onnx validate`
+    measures on CPU. keep_io_types and runtime as in convert_float_to_float16. The search's log
+    (`judged_by`) names what judged it."""
     keep_io_types = _materialised(keep_io_types=keep_io_types)["keep_io_types"]
-    if validate_fn is not None:
+    if validate_fn is not None and not callable(validate_fn):
         raise AutocastError(
-            "a validation callback is not supported: the accuracy search judges by its own thresholds",
-            "validate_fn",
-            "state the criterion as rtol=/atol=, or use autocast_onnx.convert(model, target=['cosine=0.9999'])",
+            f"validate_fn={validate_fn!r} is not callable", "validate_fn", "pass a function (res1, res2) -> bool"
         )
     targets = [
         f"{key}={_tolerance(value, key)}" for key, value in (("rtol", rtol), ("atol", atol)) if value is not None
     ]
-    if not targets:
-        raise AutocastError("no accuracy target given", "rtol", "pass rtol= and/or atol=, e.g. rtol=0.01")
+    if not targets and validate_fn is None:
+        raise AutocastError(
+            "no accuracy criterion given", "rtol", "pass validate_fn= and/or rtol= and atol=, e.g. rtol=0.01"
+        )
     source = _model_of(model)
     if _encoded(source) is None:
         raise AutocastError(
@@ -241,19 +246,369 @@ def auto_convert_mixed_precision(
             "with node_block_list",
         )
     planning = {"precision": "fp16", **_io_options(source, keep_io_types), "runtime": runtime}
+    result = _searched(source, feed_dict, targets, validate_fn, planning, "validate_fn")
+    _issue_warnings(result)
+    return result.model
+
+
+# ---- NVIDIA ModelOpt AutoCast: modelopt.onnx.autocast ------------------------------------------
+
+# AutoCast's defaults for the bounds it keeps nodes fp32 by (modelopt/onnx/autocast/convert.py)
+MODELOPT_DATA_MAX = 512.0
+MODELOPT_INIT_MAX = 65504.0
+_MODELOPT_PROVIDERS = {"cpu": None, "cuda": "cuda", "trt": "tensorrt"}
+
+
+def modelopt_convert_to_mixed_precision(
+    onnx_path,
+    low_precision_type="fp16",
+    nodes_to_exclude=None,
+    op_types_to_exclude=None,
+    nodes_to_include=None,
+    op_types_to_include=None,
+    data_max=MODELOPT_DATA_MAX,
+    init_max=MODELOPT_INIT_MAX,
+    keep_io_types=False,
+    calibration_data=None,
+    custom_rule=None,
+    init_conversion_max_bytes=None,
+    providers=("cpu",),
+    trt_plugins=(),
+    trt_plugins_precision=(),
+    max_depth_of_reduction=None,
+    opset=None,
+    use_standalone_type_inference=False,
+) -> onnx.ModelProto:
+    """ModelOpt AutoCast's `modelopt.onnx.autocast.convert_to_mixed_precision`, with its parameters
+    in its order: the model at `onnx_path` planned by autocast-onnx's rules and returned as a
+    ModelProto. nodes_to_exclude / nodes_to_include are regexes matched from the start of the node
+    name, as AutoCast matches them (re.match); op_types_to_exclude / op_types_to_include are op
+    types; an exclude beats an include in both. low_precision_type "fp16" or "bf16". keep_io_types
+    as in convert_float_to_float16 (AutoCast's default, False, gives the float32 inputs and outputs
+    the low type). calibration_data, a file of input batches (.npz or Polygraphy .json, or a
+    folder): the fp32 model runs on it and nodes whose tensors leave the low type's range (over its
+    headroom) stay fp32. providers picks the runtime the plan is made for ("cuda" or "cuda:N":
+    runtime "cuda", "trt": "tensorrt", "cpu": any). opset upgrades the model to that opset first
+    (autocast-onnx never does it unasked; AutoCast raises fp16 models to 19 and bf16 to 22).
+    data_max and init_max other than AutoCast's defaults, custom_rule, init_conversion_max_bytes,
+    trt_plugins, trt_plugins_precision and max_depth_of_reduction ask for what the project does
+    differently, and are refused (docs/migrating.md says what to use instead);
+    use_standalone_type_inference=True does nothing (autocast-onnx types tensors from the op
+    schemas itself), and a CompatWarning says so."""
+    from .api import convert
+
+    if not isinstance(onnx_path, (str, os.PathLike)):
+        raise AutocastError(
+            f"onnx_path must be a path, not {type(onnx_path).__name__}",
+            "onnx_path",
+            "pass the model file's path; for a ModelProto use modelopt_convert_to_f16",
+        )
+    _refuse_modelopt(
+        data_max=data_max, init_max=init_max, custom_rule=custom_rule,
+        init_conversion_max_bytes=init_conversion_max_bytes, trt_plugins=trt_plugins,
+        trt_plugins_precision=trt_plugins_precision, max_depth_of_reduction=max_depth_of_reduction,
+        use_standalone_type_inference=use_standalone_type_inference,
+    )  # fmt: skip
+    source = _model_of(onnx_path)
+    planning = {
+        "precision": _low_precision_type(low_precision_type),
+        **_io_options(source, _flag(keep_io_types, "keep_io_types")),
+        "exclude_nodes": _anchored(nodes_to_exclude, "nodes_to_exclude"),
+        "include_nodes": _anchored(nodes_to_include, "nodes_to_include"),
+        "exclude_ops": _block_ops(source, _materialised(o=op_types_to_exclude)["o"], "op_types_to_exclude"),
+        "include_ops": _block_ops(source, _materialised(o=op_types_to_include)["o"], "op_types_to_include"),
+        "runtime": _modelopt_runtime(providers),
+        "opset": opset,
+    }
+    result = convert(source, calibration_data=calibration_data, check="full", **planning)
+    _issue_warnings(result)
+    return result.model
+
+
+def modelopt_convert_to_f16(
+    model,
+    low_precision_type="fp16",
+    keep_io_types=True,
+    op_block_list=(),
+    tensor_block_dict=None,
+    trt_plugins=(),
+    use_standalone_type_inference=False,
+    opset=None,
+) -> onnx.ModelProto:
+    """ModelOpt AutoCast's `modelopt.onnx.autocast.convert_to_f16`, with its parameters in its
+    order: `model` (a ModelProto, or a path) converted by autocast-onnx's rules, `op_block_list`
+    op types kept fp32 on top of them (AutoCast's call keeps only those); returns a ModelProto.
+    low_precision_type, keep_io_types, opset and use_standalone_type_inference as in
+    modelopt_convert_to_mixed_precision. tensor_block_dict (ports kept fp32 per op type) is
+    refused when not empty: autocast-onnx pins the ports that need fp32 by its [pins] rules, and a
+    rule file adds more. trt_plugins is refused when not empty."""
+    _refuse_modelopt(
+        trt_plugins=trt_plugins,
+        use_standalone_type_inference=use_standalone_type_inference,
+        tensor_block_dict=tensor_block_dict,
+    )
+    source = _model_of(model)
+    planning = {
+        "precision": _low_precision_type(low_precision_type),
+        **_io_options(source, _flag(keep_io_types, "keep_io_types")),
+        "exclude_ops": _block_ops(source, _materialised(o=op_block_list)["o"], "op_block_list"),
+        "opset": opset,
+    }
+    result = _converted(source, planning, check="full")
+    _issue_warnings(result)
+    return result.model
+
+
+# `from modelopt.onnx import autocast` becomes `from autocast_onnx.compat import modelopt_autocast as autocast`
+modelopt_autocast = SimpleNamespace(
+    convert_to_mixed_precision=modelopt_convert_to_mixed_precision,
+    convert_to_f16=modelopt_convert_to_f16,
+)
+
+# what each refused AutoCast keyword asks for, and what autocast-onnx does instead
+_MODELOPT_INSTEAD = {
+    "data_max": "a bound on calibration values; autocast-onnx keeps a node fp32 when a measured tensor exceeds the "
+    "low type's range over its headroom (rules [thresholds] calibration_headroom)",
+    "init_max": "a bound on initializers; autocast-onnx keeps a node fp32 when a constant exceeds the low type's range",
+    "custom_rule": "a Python node rule; autocast-onnx's rules are rule files (rules=[...], docs/rules-format.md)",
+    "init_conversion_max_bytes": "large initializers cast at run time; autocast-onnx converts a low node's weights "
+    "once, in the file",
+    "trt_plugins": "TensorRT plugin libraries; autocast-onnx loads none: a custom op's precision is a rule",
+    "trt_plugins_precision": "plugin precisions; a custom op's precision is a rule ([ops.low_precision] or "
+    "[ops.keep_fp32] in a rule file)",
+    "max_depth_of_reduction": "reductions kept fp32 by depth; autocast-onnx keeps reductions fp32 by category, at any "
+    "depth, and leaves MatMul/Gemm/Conv accumulation to the kernels",
+    "tensor_block_dict": "ports kept fp32 per op type; autocast-onnx's [pins] rules keep fp32 the ports that need it, "
+    "and a rule file adds more",
+}
+
+
+def _refuse_modelopt(**given) -> None:
+    """Refuse each AutoCast keyword given a value whose behaviour autocast-onnx does not reproduce
+    (a default is "not given"); warn that use_standalone_type_inference=True does nothing."""
+    defaults = {"data_max": MODELOPT_DATA_MAX, "init_max": MODELOPT_INIT_MAX}
+    for name, value in given.items():
+        if name == "use_standalone_type_inference":
+            if _flag(value, name):
+                warnings.warn(
+                    "autocast-onnx: use_standalone_type_inference=True does nothing: autocast-onnx types every "
+                    "tensor from the op schemas itself, without ONNX shape inference",
+                    CompatWarning,
+                    stacklevel=3,
+                )
+            continue
+        if name in defaults:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise AutocastError(f"{name}={value!r} is not a number", name, "drop it")
+            unchanged = float(value) == defaults[name]
+        else:
+            unchanged = value is None or (isinstance(value, (list, tuple, dict, set)) and not value)
+        if not unchanged:
+            raise AutocastError(
+                f"{name}={value!r} is not supported: it asks for " + _MODELOPT_INSTEAD[name],
+                name,
+                "drop it; docs/migrating.md says what to use instead",
+            )
+
+
+def _low_precision_type(value) -> str:
+    if value not in ("fp16", "bf16"):
+        raise AutocastError(f"low_precision_type={value!r} is neither fp16 nor bf16", "low_precision_type", "pass fp16")
+    return value
+
+
+def _anchored(patterns, keyword: str) -> list[str]:
+    """AutoCast's node regexes (matched from the start of the name, re.match) as autocast-onnx's
+    (searched anywhere, re.search): each anchored at the start; a regex that does not compile is
+    refused naming `keyword`."""
+    names = _names(_materialised(v=patterns)["v"], keyword)
+    for pattern in names:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise AutocastError(f"{pattern!r} is not a regex: {exc}", keyword, "escape it with re.escape") from None
+    return [f"^(?:{pattern})" for pattern in names]
+
+
+def _modelopt_runtime(providers) -> str | None:
+    """The runtime a plan is made for, from AutoCast's providers ("cpu", "cuda", "cuda:N", "trt"):
+    the first one's."""
+    names = [providers] if isinstance(providers, str) else list(providers) if providers is not None else []
+    if not names or not all(isinstance(n, str) for n in names):
+        raise AutocastError(f"providers={providers!r} is not a list of names", "providers", 'e.g. providers=["cuda"]')
+    kinds = [n.split(":")[0] for n in names]
+    unknown = [n for n, k in zip(names, kinds) if k not in _MODELOPT_PROVIDERS]
+    if unknown:
+        raise AutocastError(
+            f"provider {unknown[0]!r} is not one of AutoCast's", "providers", "use cpu, cuda, cuda:N or trt"
+        )
+    return _MODELOPT_PROVIDERS[kinds[0]]
+
+
+def _searched(source: onnx.ModelProto, feed_dict, targets: list[str], callback, planning: dict, named: str):
+    """autocast_onnx.convert's accuracy search on the one batch `feed_dict`, judged by `targets`
+    (["rtol=0.01", ...]) and the callback (None: none), which the drop-in calls `named`: the
+    ConversionResult, or the search's error said in the drop-in's keywords."""
+    from .api import convert
+
+    criteria = [t.split("=")[0] for t in targets] + ([named] if callback is not None else [])
     with tempfile.TemporaryDirectory() as tmp:
         inputs = Path(tmp) / "feed_dict.npz"
         np.savez(inputs, **_feeds(feed_dict))
         try:
-            result = convert(source, target=targets, inputs=str(inputs), check="full", **planning)
+            return convert(
+                source, target=targets or None, verdict=callback, inputs=str(inputs), check="full", **planning
+            )
         except AutocastError as exc:
-            if exc.where == "--target":  # the search's own verdict: name the keywords that set it
-                raise AutocastError(exc.what, "/".join(t.split("=")[0] for t in targets), exc.hint) from None
-            if exc.where is None or tmp not in exc.where:
-                raise
-            raise AutocastError(exc.what, "feed_dict", exc.hint) from None
+            raise _as_keywords(exc, tmp, criteria, named) from None
+
+
+def _as_keywords(exc: AutocastError, tmp: str, criteria: list[str], named: str) -> AutocastError:
+    """An error of the search said in the drop-in's keywords: the search's own verdict names
+    the criteria that set it, the callback's failure the callback's keyword (`named`), a bad
+    input `feed_dict`."""
+    if exc.where == "--target":
+        return AutocastError(exc.what, "/".join(criteria), exc.hint)
+    if exc.where == "verdict":
+        return AutocastError(exc.what.replace("the verdict callback", named), named, exc.hint)
+    if exc.where is not None and tmp in exc.where:
+        return AutocastError(exc.what, "feed_dict", exc.hint)
+    return exc
+
+
+# ONNX Runtime's execution providers as the runtimes whose kernels a plan is made for
+_PROVIDER_RUNTIMES = {
+    "CPUExecutionProvider": None,
+    "CUDAExecutionProvider": "cuda",
+    "TensorrtExecutionProvider": "tensorrt",
+    "DmlExecutionProvider": "dml",
+}
+
+
+def auto_convert_mixed_precision_model_path(
+    source_model_path,
+    input_feed,
+    target_model_path,
+    provider,
+    location=None,
+    customized_validate_func=None,
+    rtol=None,
+    atol=None,
+    keep_io_types=True,
+    verbose=False,
+) -> None:
+    """onnxconverter-common's `auto_mixed_precision_model_path.auto_convert_mixed_precision_model_path`:
+    the accuracy search of auto_convert_mixed_precision on the model file `source_model_path` and
+    the one batch `input_feed`, the result written to `target_model_path` with its weights as
+    external data in `location` (default "fp16_tensor.data") beside it; returns None, as the peer.
+
+    As in the peer, customized_validate_func(res1, res2) -> bool, when given, is the whole
+    criterion (rtol and atol given beside it do nothing there, and a CompatWarning says so);
+    without it, rtol (default 1e-3) and atol (default 1e-5) are autocast-onnx's thresholds, as
+    in auto_convert_mixed_precision. provider, the ONNX Runtime providers the model is for, picks
+    the runtime whose kernels the plan is made for (CUDAExecutionProvider: runtime "cuda";
+    TensorrtExecutionProvider: "tensorrt"; DmlExecutionProvider: "dml"; CPUExecutionProvider:
+    any); the search measures on CPU with the low type's rounding emulated either way. An existing
+    output is replaced, as the peer replaces it, with a CompatWarning; the output and its data
+    file are written in full or not at all. verbose=True prints the search's summary."""
+    if not isinstance(source_model_path, (str, os.PathLike)):
+        raise AutocastError(
+            f"source_model_path must be a path, not {type(source_model_path).__name__}",
+            "source_model_path",
+            "pass the model file's path; for a ModelProto use auto_convert_mixed_precision",
+        )
+    if not isinstance(target_model_path, (str, os.PathLike)):
+        raise AutocastError(
+            f"target_model_path must be a path, not {type(target_model_path).__name__}",
+            "target_model_path",
+            "pass the path to write the converted model to",
+        )
+    runtime = _provider_runtime(provider)
+    location = _data_location(location)
+    criteria = _model_path_criteria(customized_validate_func, rtol, atol)
+    source = _model_of(source_model_path)
+    keep = _materialised(keep_io_types=keep_io_types)["keep_io_types"]
+    planning = {"precision": "fp16", **_io_options(source, keep), "runtime": runtime}
+    result = _searched(source, input_feed, criteria, customized_validate_func, planning, "customized_validate_func")
     _issue_warnings(result)
-    return result.model
+    _write_with_data(result.model, Path(target_model_path), location)
+    if _flag(verbose, "verbose"):
+        log = result.plan.search or {}
+        print(
+            f"autocast-onnx: {log.get('evaluations', 0)} evaluations, judged by "
+            f"{', '.join(log.get('judged_by', [])) or 'nothing'}; kept fp32: {', '.join(log.get('kept', [])) or 'none'}"
+        )
+
+
+def _provider_runtime(provider) -> str | None:
+    """The runtime a plan is made for, from the peer's `provider` (a list of provider names)."""
+    names = [provider] if isinstance(provider, str) else provider
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise AutocastError(
+            f"provider={provider!r} is not a list of ONNX Runtime provider names",
+            "provider",
+            'e.g. provider=["CUDAExecutionProvider"]',
+        )
+    unknown = [n for n in names if n not in _PROVIDER_RUNTIMES]
+    if unknown:
+        raise AutocastError(
+            f"provider {unknown[0]!r} is not one autocast-onnx plans for",
+            "provider",
+            "use one of " + ", ".join(_PROVIDER_RUNTIMES),
+        )
+    return _PROVIDER_RUNTIMES[names[0]]
+
+
+def _data_location(location) -> str:
+    """The external data file's name, in the output's folder (the peer's default when None)."""
+    if location is None:
+        return "fp16_tensor.data"
+    if not isinstance(location, str) or not location or Path(location).name != location or location in (".", ".."):
+        raise AutocastError(
+            f"location={location!r} is not a file name", "location", 'name a file beside the output, e.g. "model.data"'
+        )
+    return location
+
+
+def _model_path_criteria(callback, rtol, atol) -> list[str]:
+    """The search's targets: none beside the peer's callback (which is its whole criterion), else
+    rtol and atol with the peer's defaults."""
+    if callback is not None:
+        if not callable(callback):
+            raise AutocastError(
+                f"customized_validate_func={callback!r} is not callable",
+                "customized_validate_func",
+                "pass a function (res1, res2) -> bool",
+            )
+        given = [name for name, value in (("rtol", rtol), ("atol", atol)) if value is not None]
+        if given:
+            warnings.warn(
+                f"autocast-onnx: {' and '.join(given)} do nothing beside customized_validate_func, as in the peer",
+                CompatWarning,
+                stacklevel=3,
+            )
+        return []
+    return [
+        f"rtol={_tolerance(1e-3 if rtol is None else rtol, 'rtol')}",
+        f"atol={_tolerance(1e-5 if atol is None else atol, 'atol')}",
+    ]
+
+
+def _write_with_data(model: onnx.ModelProto, target: Path, location: str) -> None:
+    """Write `model` to `target` with its tensors in `location` beside it: both written into a
+    temporary folder beside the output and moved into place, so that a failure leaves neither
+    half-written."""
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if target.exists() or (folder / location).exists():
+        warnings.warn(f"autocast-onnx: replacing {target} and its data file {location}", CompatWarning, stacklevel=3)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".autocast-onnx-") as tmp:
+        staged = Path(tmp) / target.name
+        onnx.save_model(model, staged, save_as_external_data=True, location=location, size_threshold=0)
+        data = Path(tmp) / location
+        if data.exists():
+            os.replace(data, folder / location)
+        os.replace(staged, target)
 
 
 def _converted(source: onnx.ModelProto, planning: dict, check: str):
@@ -441,8 +796,22 @@ def _float_io(model: onnx.ModelProto) -> list[str]:
     """The names of the main graph's float32 inputs (initializers listed as inputs left out) and
     outputs: those whose type keep_io_types decides."""
     constants = {t.name for t in model.graph.initializer}
-    values = [v for v in model.graph.input if v.name not in constants] + list(model.graph.output)
+    outputs = list(model.graph.output)
+    if any(v.type.WhichOneof("value") in (None, "tensor_type") and not v.type.tensor_type.elem_type for v in outputs):
+        outputs = _typed_outputs(model)
+    values = [v for v in model.graph.input if v.name not in constants] + outputs
     return list(dict.fromkeys(v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT))
+
+
+def _typed_outputs(model: onnx.ModelProto) -> list:
+    """The main graph's outputs as the conversion's load types them: an output declared without a
+    type gets the one ONNX type inference gives it (graph/sanity.type_untyped_outputs, on a copy)."""
+    from .graph.sanity import type_untyped_outputs
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    type_untyped_outputs(copy)
+    return list(copy.graph.output)
 
 
 def _io_options(model: onnx.ModelProto, keep_io_types) -> dict:
@@ -497,11 +866,11 @@ def _names(value, keyword: str) -> list[str]:
     return value
 
 
-def _block_ops(model: onnx.ModelProto, op_block_list) -> list[str]:
+def _block_ops(model: onnx.ModelProto, op_block_list, keyword: str = "op_block_list") -> list[str]:
     """op_block_list as exclude_ops: each op type as the model's nodes spell it, in any domain
     (the peers compare op_type alone). An op type no node has is dropped, as the peers' lists are
     meant for any model; one that no ONNX schema or runtime knows is refused as a misspelling."""
-    wanted = _names(op_block_list, "op_block_list")
+    wanted = _names(op_block_list, keyword)
     present: dict[str, set[str]] = {}
     for node in _all_nodes(model.graph):
         domain = normalize_domain(node.domain)
@@ -519,7 +888,7 @@ def _block_ops(model: onnx.ModelProto, op_block_list) -> list[str]:
         if op not in known:
             raise AutocastError(
                 f"op type {op!r} is in no ONNX schema, is no known runtime op and no node of the model has it",
-                "op_block_list",
+                keyword,
                 "check the spelling",
             )
     return out

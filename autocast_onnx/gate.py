@@ -114,19 +114,18 @@ def check(
     baseline: dict | None = None,
     config_source: str | None = None,
     progress=None,
+    shown: str | None = None,
 ) -> CheckResult:
     """Run the gate on `model` (a path). The converted model is kept at `output` when given
     (and removed again if the gate fails with an error), else written to a temporary folder.
     `baseline` is a previous report (see load_baseline): then only new findings and
-    regressions fail."""
-    from .lint import lint as run_lint
-    from .lint.engine import unused_config_suppressions
+    regressions fail. `shown` names the model in the report and its findings instead of that path
+    (api.check's `<model>`, for a ModelProto it wrote to a temporary file)."""
     from .lint.report import lint_dict
     from .options import lint_options as _lint_options
     from .options import plan_options as _plan_options
-    from .pipeline import convert_file
     from .report.checkgate import compare_baseline
-    from .validate.core import ValidateOptions, validate
+    from .validate.core import ValidateOptions
 
     plan_options = plan_options or _plan_options()
     lint_options = lint_options or _lint_options(plan=plan_options)
@@ -140,45 +139,16 @@ def check(
         rules=list(plan_options.rules),
     )
     validation = validation or ValidateOptions()
-    from .io import load_model
-
-    header = load_model(model, load_external=False).model
-    signature = model_signature(header)
-    if baseline is not None:
-        check_baseline_model(baseline, model, signature)
-    if not skip_validate:
-        from .graph.training import recognise
-
-        training = recognise(header)
-        if training is not None and training.accumulations:
-            raise AutocastError(
-                "check validates inference outputs; this is an onnxruntime-training training model",
-                str(model),
-                "pass --no-validate, and validate the training step with `autocast-onnx validate REFERENCE "
-                "CONVERTED` where onnxruntime-training is installed",
-            )
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.target.value}.onnx"
-        existed = output is not None and Path(output).exists()
-        try:
-            before = run_lint(model, lint_options)
-            converted = convert_file(model, out, options=plan_options)
-            after = run_lint(out, lint_options)
-            if output is None:
-                # the converted file is temporary: findings point at the model that was checked
-                after.model = str(model)
-                for d in after.diagnostics:
-                    d.model = str(model)
-            after.diagnostics.extend(unused_config_suppressions([before, after], lint_options))
-            validation_report = None if skip_validate else validate(model, out, validation, progress=progress)
-        except BaseException:
-            if output is not None and not existed:
-                Path(output).unlink(missing_ok=True)  # a failed gate leaves no converted model behind
-                Path(str(output) + ".data").unlink(missing_ok=True)
-            raise
+    name = shown if shown is not None else str(model)
+    signature = _screen(model, name, baseline, skip_validate)
+    before, converted, after, validation_report = _run(
+        model, output, plan_options, lint_options, None if skip_validate else validation, progress, shown
+    )
+    if shown is not None and validation_report is not None:
+        validation_report["reference"]["path"] = None  # the model was given in memory, as validate() says it
     report = {
         "schema_version": CHECK_SCHEMA_VERSION,
-        "model": str(model),
+        "model": name,
         "signature": signature,
         "converted": str(output) if output else None,
         "config": config_source,
@@ -195,3 +165,66 @@ def check(
     }
     report["gate"] = compare_baseline(report, baseline, after, lint_options.fail_on)
     return CheckResult(report=report, diagnostics=list(after.diagnostics))
+
+
+def _screen(model, name: str, baseline: dict | None, skip_validate: bool) -> dict:
+    """What the gate refuses from the model's header before any work: a baseline written for
+    another model, and (when it validates) an onnxruntime-training training model. Returns the
+    model's signature."""
+    from .io import load_model
+
+    header = load_model(model, load_external=False).model
+    signature = model_signature(header)
+    if baseline is not None:
+        check_baseline_model(baseline, name, signature)
+    if not skip_validate:
+        from .graph.training import recognise
+
+        training = recognise(header)
+        if training is not None and training.accumulations:
+            raise AutocastError(
+                "check validates inference outputs; this is an onnxruntime-training training model",
+                name,
+                "pass --no-validate, and validate the training step with `autocast-onnx validate REFERENCE "
+                "CONVERTED` where onnxruntime-training is installed",
+            )
+    return signature
+
+
+def _run(model, output, plan_options, lint_options, validation, progress, shown: str | None) -> tuple:
+    """The gate's work on the model file: lint it, convert it (to `output`, else to a temporary
+    folder), lint the result, validate it (unless `validation` is None). The findings in a temporary
+    file name the model checked instead: the converted model's without `output`, the model's own
+    with `shown` (see check). Returns (the lint before, the ConversionResult, the lint after, the
+    validation report or None); a failure removes the converted model it wrote to `output`."""
+    from .lint import lint as run_lint
+    from .lint.engine import unused_config_suppressions
+    from .pipeline import convert_file
+    from .validate.core import validate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.target.value}.onnx"
+        existed = output is not None and Path(output).exists()
+        try:
+            before = run_lint(model, lint_options)
+            converted = convert_file(model, out, options=plan_options)
+            after = run_lint(out, lint_options)
+            if shown is not None:
+                _name_findings(before, shown)
+            if output is None:
+                _name_findings(after, shown or str(model))
+            after.diagnostics.extend(unused_config_suppressions([before, after], lint_options))
+            report = None if validation is None else validate(model, out, validation, progress=progress)
+        except BaseException:
+            if output is not None and not existed:
+                Path(output).unlink(missing_ok=True)  # a failed gate leaves no converted model behind
+                Path(str(output) + ".data").unlink(missing_ok=True)
+            raise
+    return before, converted, after, report
+
+
+def _name_findings(result, name: str) -> None:
+    """Name `name` as the model of a lint result (LintResult) and of its findings."""
+    result.model = name
+    for d in result.diagnostics:
+        d.model = name

@@ -54,6 +54,7 @@ class LoadedModel:
     external_files: list[str] = field(default_factory=list)
     left_in_file: LeftInFile | None = None  # see load_model(parse=...)
     external_checked: bool = False  # the main graph's external-data locations were checked (load_model)
+    typed_outputs: list[str] = field(default_factory=list)  # graph outputs typed on load (graph/sanity.py)
 
 
 class LeftInFile(Protocol):
@@ -168,6 +169,95 @@ def check_model_path(path: str | os.PathLike) -> Path:
             "save the model to a file and pass its path; models are not read from pipes or devices",
         )
     return path
+
+
+ModelArgument = onnx.ModelProto | str | os.PathLike  # what model_argument gives back
+
+
+def model_argument(model, name: str, *, result: bool = False, in_memory: bool = True) -> ModelArgument:
+    """What a public call's model parameter `name` was given, checked for its kind before any work:
+    a path (a str, or an os.PathLike such as pathlib.Path naming a str path) comes back as given,
+    an onnx.ModelProto as it is (neither copied nor edited), and with `result` a conversion's
+    result (convert's ConversionResult: an object whose `model` is a ModelProto) as that model.
+    With `in_memory=False` (a call that reads the model's file) only a path is taken. Anything
+    else is refused in one line naming `name` (AutocastError), not left to fail later as the
+    TypeError of a Path() or the AttributeError of a protobuf call."""
+    if _names_path(model):
+        return model
+    inner = getattr(model, "model", None) if not isinstance(model, (type, onnx.ModelProto)) else None
+    if in_memory and (isinstance(model, onnx.ModelProto) or (result and isinstance(inner, onnx.ModelProto))):
+        return inner if isinstance(inner, onnx.ModelProto) else model
+    kinds = [
+        "a path (str or pathlib.Path)",
+        "an onnx.ModelProto" if in_memory else "",
+        "a ConversionResult" if result else "",
+    ]
+    kinds = [kind for kind in kinds if kind]
+    takes = " or ".join(kinds) if len(kinds) < 3 else f"{kinds[0]}, {kinds[1]} or {kinds[2]}"
+    given = "None" if model is None else type(model).__name__
+    if not in_memory and (isinstance(model, onnx.ModelProto) or isinstance(inner, onnx.ModelProto)):
+        hint = "pass the path of the model's file; onnx.save(model, PATH) writes one"
+    elif isinstance(inner, onnx.ModelProto):
+        hint = "pass result.model, the model the conversion gave, or the path of a model file"
+    else:
+        hint = "pass the model file's path" + (", or the model onnx.load(path) gives" if in_memory else "")
+    raise AutocastError(f"takes {takes}, not {given}", name, hint)
+
+
+@contextmanager
+def model_file(model: ModelArgument, shown: str = "<model>") -> Iterator[str | os.PathLike]:
+    """A path to `model` (as model_argument gives it) for work that reads a model file: a path as
+    it is; a ModelProto written, its encoding as it is (never edited), to a temporary folder that
+    is removed on leaving. An AutocastError raised inside that names the temporary file names
+    `shown` instead. A ModelProto that no file can hold as it is (over protobuf's 2 GiB, weights
+    left as external data with no folder to find them in) is refused first."""
+    if not isinstance(model, onnx.ModelProto):
+        yield model
+        return
+    _refuse_unwritable(model, shown)
+    with tempfile.TemporaryDirectory(prefix="autocast-onnx-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        path.write_bytes(model.SerializeToString())
+        try:
+            yield path
+        except AutocastError as exc:
+            named = [exc.what, exc.where or "", exc.hint or ""]
+            if not any(tmp in text for text in named):
+                raise
+            what, where, hint = (text.replace(str(path), shown).replace(tmp, shown) for text in named)
+            raise AutocastError(what, where or None, hint or None) from None
+
+
+def _refuse_unwritable(model: onnx.ModelProto, shown: str) -> None:
+    """Refuse a ModelProto that model_file cannot write as one file that reads back the same."""
+    if encoded_size(model) > PROTOBUF_LIMIT:
+        raise AutocastError(
+            "the model is over 2 GiB in memory, more than protobuf encodes, so it cannot be written to the "
+            "file this call reads",
+            shown,
+            "save it with its weights as external data (onnx.save_model(model, PATH, save_as_external_data=True)) "
+            "and pass PATH",
+        )
+    tensor = next((t for t in _all_tensors_for_external(model.graph) if is_external(t)), None)
+    if tensor is not None:
+        raise AutocastError(
+            f"initializer {tensor.name!r} uses external data but the model has no folder",
+            shown,
+            "pass the model's path, or load it with its data (onnx.load(path))",
+        )
+
+
+def _names_path(value) -> bool:
+    """Whether `value` is a path a model can be read from: a str, or an os.PathLike whose
+    os.fspath is one (bytes paths are not taken: Path() refuses them)."""
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, os.PathLike):
+        return False
+    try:
+        return isinstance(os.fspath(value), str)
+    except TypeError:  # an __fspath__ that returns neither str nor bytes
+        return False
 
 
 def check_regular(path: str | os.PathLike, hint: str) -> None:

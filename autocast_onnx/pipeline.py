@@ -38,6 +38,7 @@ from .io import (
     encoded_size,
     is_stdout,
     load_model,
+    model_argument,
     output_kind,
     save_model,
     tensor_nbytes,
@@ -225,7 +226,7 @@ def convert(
         known_gpu(gpu)  # an unknown name is an input error before any work
     timings = {}
     t0 = time.perf_counter()
-    loaded = _loaded(model, copy)
+    loaded = load_argument(model, copy)
     timings["load"] = time.perf_counter() - t0
     try:
         result = _convert_loaded(
@@ -284,7 +285,7 @@ def plan_model(
     convert's (keywords, or one `options` object). Raises AutocastError on bad input, as convert
     does."""
     options = _entry_options("plan_model", options, planning)
-    loaded = _loaded(model, copy)
+    loaded = load_argument(model, copy)
     where = str(loaded.path) if loaded.path else "<model>"
     with _stage("resolve target"):
         _, target, keep_io_types = _resolve_target(None, options, {})
@@ -310,7 +311,7 @@ def plan_model(
         # the loss scaling's record names what its rewrite adds: made on this copy, after the plan
         scaling = unscale_gradients(loaded.model, training, scale) if scale is not None and training else None
         _record_training(plan, training, scaling)
-        _record_opset(plan, upgrade)
+        _record_load(plan, upgrade, loaded)
     return PlannedModel(plan=plan, index=index, training=training)
 
 
@@ -322,7 +323,7 @@ def replay_model(
     here too; each node keeps the reasons the file gives it, and an edited one (its precision
     differs from the one planning gave) gets a last reason `plan-edit` naming the file."""
     options = _entry_options("replay_model", options, {})
-    loaded = _loaded(model, True)
+    loaded = load_argument(model, True)
     where = str(loaded.path) if loaded.path else "<model>"
     with _stage("resolve target"):
         plan, target, keep_io_types = _resolve_target(plan, options, {})
@@ -343,9 +344,11 @@ def replay_model(
     return PlannedModel(plan=plan, index=index, training=training)
 
 
-def _loaded(model, copy: bool) -> LoadedModel:
-    """The model to work on: read and checked from a path, or an in-memory one checked (a copy
-    unless copy=False)."""
+def load_argument(model, copy: bool = True, name: str = "model") -> LoadedModel:
+    """The model a public call was given as `name` (a path or an onnx.ModelProto; anything else
+    refused naming it, io.model_argument), to work on: read and checked from a path, or an
+    in-memory one checked (a copy unless copy=False)."""
+    model = model_argument(model, name)
     if isinstance(model, (str, os.PathLike)):
         return load_checked(model)
     if encoded_size(model) > PROTOBUF_LIMIT:
@@ -358,8 +361,8 @@ def _loaded(model, copy: bool) -> LoadedModel:
             "takes such a ModelProto itself",
         )
     proto = _copy_model(model) if copy else model
-    check_input(proto)
-    return LoadedModel(model=proto, path=None, file_bytes=0)
+    typed = check_input(proto)
+    return LoadedModel(model=proto, path=None, file_bytes=0, typed_outputs=typed)
 
 
 def _copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -575,7 +578,7 @@ def _convert_loaded(
         _stopped(screen)
     with _stage("record training"):
         _record_training(plan, training, scaling)
-        _record_opset(plan, upgrade)
+        _record_load(plan, upgrade, loaded)
     with _stage("check", timings, "check" if check != "none" else None):
         _check(model, check)
     return ConversionResult(
@@ -658,6 +661,14 @@ def _record_opset(plan: PrecisionPlan, upgrade: OpsetChange | None) -> None:
     else:
         said = f"--opset {upgrade.after}: the model is already at opset {upgrade.after}; nothing upgraded"
         plan.warnings.append(PlanWarning("opset", said))
+
+
+def _record_load(plan: PrecisionPlan, upgrade: OpsetChange | None, loaded: LoadedModel) -> None:
+    """Say in a fresh plan what the load changed: the opset upgrade (_record_opset) and the graph
+    outputs it typed (graph/sanity.type_untyped_outputs)."""
+    _record_opset(plan, upgrade)
+    if not plan.replayed:
+        plan.warnings.extend(PlanWarning("untyped-output", note) for note in loaded.typed_outputs)
 
 
 def _check_opset(model: onnx.ModelProto, target: Precision, where: str) -> None:
@@ -907,8 +918,10 @@ def convert_file(
     """Convert the model at `in_path` and write it atomically to `out_path` (default: beside the
     input as NAME.fp16.onnx). Never writes over the input. `search_log` (from plan_on_data's
     --target search) is recorded in the plan. The other keywords are convert's: the planning
-    options as keywords or one `options` object, turned into a PlanOptions here, once."""
-    in_path = Path(in_path)
+    options as keywords or one `options` object, turned into a PlanOptions here, once. `in_path`
+    is a path (str or pathlib.Path): this reads the model's file, and copies its external data
+    file to file; convert() converts a ModelProto."""
+    in_path = Path(model_argument(in_path, "in_path", in_memory=False))
     options = _api_options(options)
     precision = options["options"].target.value
     if options.get("plan") is not None and options["options"].precision is None:
@@ -1003,7 +1016,7 @@ def _load_checked(in_path: Path, screen: WeightScreen | None, onnx_checker: bool
         loaded = load_model(in_path, load_external=False, parse=leaving)
         # onnx.checker's look at the nodes is the output check's, unless there is none (convert_file
         # blames the input then)
-        check_input(
+        loaded.typed_outputs = check_input(
             loaded.model,
             str(in_path),
             in_path.parent,

@@ -87,10 +87,11 @@ CLI_ONLY: dict[str, dict[str, str]] = {
 
 FROM_DATA = "what plan_on_data measured (calibration ranges, the search's fp32 nodes), for a conversion of one's own"
 OPTIONS = "the planning options as one PlanOptions object instead of keywords"
+VERDICT = "a Python callable that judges the search's tries: a command line cannot pass one"
 API_ONLY: dict[str, dict[str, str]] = {
     "convert": {"copy": "an in-memory model is copied unless copy=False", "calibration": FROM_DATA}
     | {"model": "one model per call: the command line's MODELS (several) are a loop of calls"}
-    | {"force_fp32": FROM_DATA, "options": OPTIONS},
+    | {"force_fp32": FROM_DATA, "options": OPTIONS, "verdict": VERDICT},
     "validate": {},
     "lint": {},
     # explain plans as convert does, and converts when a keyword needs the whole conversion
@@ -100,7 +101,8 @@ API_ONLY: dict[str, dict[str, str]] = {
         "explain takes convert's keywords (the search's target and inputs, the check level, ...)",
     )
     | {"copy": "an in-memory model is copied unless copy=False", "calibration": FROM_DATA, "force_fp32": FROM_DATA}
-    | {"options": OPTIONS, "strict": "convert's planning keyword: a selector that matches nothing is an error"},
+    | {"options": OPTIONS, "strict": "convert's planning keyword: a selector that matches nothing is an error"}
+    | {"verdict": VERDICT},
     "check": {},
     "diagnose": {},
 }

@@ -29,6 +29,9 @@ float16 = pytest.importorskip(
     reason="needs onnxconverter-common, kept out of the project's dependencies: .ci/run runs these in .venv-peers",
 )
 auto_mixed_precision = pytest.importorskip("onnxconverter_common.auto_mixed_precision", reason="as above")
+auto_mixed_precision_model_path = pytest.importorskip(
+    "onnxconverter_common.auto_mixed_precision_model_path", reason="as above"
+)
 ort_float16 = pytest.importorskip("onnxruntime.transformers.float16", reason="needs onnxruntime's transformers tools")
 
 from autocast_onnx import compat  # noqa: E402
@@ -148,10 +151,16 @@ DROP_INS = [
     (compat.convert_float_to_float16, float16.convert_float_to_float16),
     (compat.onnxruntime_convert_float_to_float16, ort_float16.convert_float_to_float16),
     (compat.auto_convert_mixed_precision, auto_mixed_precision.auto_convert_mixed_precision),
+    (
+        compat.auto_convert_mixed_precision_model_path,
+        auto_mixed_precision_model_path.auto_convert_mixed_precision_model_path,
+    ),
 ]
 
 
-@pytest.mark.parametrize("ours,peer", DROP_INS, ids=["onnxconverter-common", "onnxruntime", "auto-mixed-precision"])
+@pytest.mark.parametrize(
+    "ours,peer", DROP_INS, ids=["onnxconverter-common", "onnxruntime", "auto-mixed-precision", "model-path"]
+)
 def test_each_drop_in_has_its_peers_signature(ours, peer):
     """Issue 36, defect 5: every parameter of the peer, in its order, with its default and kind;
     what the drop-in adds is keyword-only (an eighth positional argument used to be a TypeError)."""

@@ -127,7 +127,8 @@ def load_checked(path, load_external: bool = True, **options) -> LoadedModel:
     (load_external): a malformed model is refused before any work. `options` go to load_model."""
     loaded = load_model(path, load_external=False, **options)
     assert loaded.path is not None
-    check_input(loaded.model, str(loaded.path), loaded.path.parent, left_in_file=loaded.left_in_file)
+    where = str(loaded.path)
+    loaded.typed_outputs = check_input(loaded.model, where, loaded.path.parent, left_in_file=loaded.left_in_file)
     if load_external:
         load_external_data(loaded)
     return loaded
@@ -139,9 +140,12 @@ def check_input(
     base_dir: Path | None = None,
     onnx_checker: bool = True,
     left_in_file: LeftInFile | None = None,
-) -> None:
+) -> list[str]:
     """Refuse a malformed model (AutocastError naming what is wrong and where). `base_dir` is the
-    model's folder (None: a model built in memory), which external data must stay inside.
+    model's folder (None: a model built in memory), which external data must stay inside. A graph
+    output declared without a type (main graph or body) is given, in place, the type ONNX type
+    inference gives it, as ONNX Runtime infers it when it loads the model (type_untyped_outputs);
+    returns a note for each output so typed.
 
     `onnx_checker=False` leaves out onnx.checker (1.3 us a node) for a conversion whose output
     it checks anyway: a node the conversion leaves malformed fails there, and the conversion
@@ -152,6 +156,7 @@ def check_input(
     try:
         check_header(model, where)
         check_functions(model, where)
+        typed = type_untyped_outputs(model)
         check_io_types(model.graph, where)
         files: dict = {}
         left = left_in_file.ordinals if left_in_file is not None else frozenset()
@@ -161,6 +166,7 @@ def check_input(
             _run_checker(model, where, on_disk)
     except RecursionError:
         raise AutocastError("the model nests subgraphs too deeply to be read", where, HINT) from None
+    return typed
 
 
 def blame_input(path) -> None:
@@ -228,6 +234,67 @@ def _call_cycle(start, calls: dict) -> list | None:
                 seen.add(callee)
                 stack.append((callee, [*path, callee]))
     return None
+
+
+def type_untyped_outputs(model: onnx.ModelProto) -> list[str]:
+    """Give each graph output declared without a type, or with a tensor type without an element
+    type (in the main graph or in a body: exporters leave If branches' outputs so), the type that
+    ONNX type inference gives it, in place: ONNX Runtime infers the same when it loads the model.
+    An output inference cannot type is left as it is (check_io_types refuses it in the main
+    graph). Returns one note per output typed, naming it and its type."""
+    untyped = [
+        (path, k) for path, graph in _graph_paths(model.graph) for k, v in enumerate(graph.output) if _untyped(v)
+    ]
+    if not untyped:
+        return []
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
+        return []  # nothing to learn from it: the output stays untyped, and is refused where that matters
+    mine, theirs = dict(_graph_paths(model.graph)), dict(_graph_paths(inferred.graph))
+    notes = []
+    for path, k in untyped:
+        found = theirs[path].output[k] if path in theirs and k < len(theirs[path].output) else None
+        if found is None or _untyped(found):
+            continue
+        value = mine[path].output[k]
+        value.type.CopyFrom(found.type)
+        shown = _shown_type(found.type)
+        scope = "graph output" if not path else "body output"
+        notes.append(f"{scope} {value.name!r} is declared without a type: typed {shown} by ONNX type inference")
+    return notes
+
+
+def _shown_type(type_proto: onnx.TypeProto) -> str:
+    """A tensor type as `float[1, N]` (a scalar `float[]`; no shape: `float`); others as onnx prints them."""
+    if type_proto.WhichOneof("value") != "tensor_type":
+        return onnx.helper.printable_type(type_proto)
+    tensor = type_proto.tensor_type
+    name = TensorProto.DataType.Name(tensor.elem_type).lower()
+    if not tensor.HasField("shape"):
+        return name
+    dims = [str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in tensor.shape.dim]
+    return f"{name}[{', '.join(dims)}]"
+
+
+def _untyped(value: onnx.ValueInfoProto) -> bool:
+    """No type, an empty type, or a tensor type without an element type."""
+    kind = value.type.WhichOneof("value") if value.HasField("type") else None
+    return kind is None or (kind == "tensor_type" and value.type.tensor_type.elem_type == TensorProto.UNDEFINED)
+
+
+def _graph_paths(graph: onnx.GraphProto) -> Iterator[tuple[tuple, onnx.GraphProto]]:
+    """(path, graph) for `graph` (path ()) and every body inside it; a body's path is its node's
+    position, attribute name and index in the graph above, appended to that graph's path, so that
+    two copies of one model give the same paths (iterative: any depth)."""
+    stack: list[tuple[tuple, onnx.GraphProto]] = [((), graph)]
+    while stack:
+        path, each = stack.pop()
+        yield path, each
+        for n, node in enumerate(each.node):
+            for attr in node.attribute:
+                bodies = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+                stack.extend(((*path, (n, attr.name, b)), body) for b, body in enumerate(bodies))
 
 
 def check_io_types(graph: onnx.GraphProto, where: str) -> None:

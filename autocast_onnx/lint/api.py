@@ -51,11 +51,13 @@ def lint(*models, select=(), ignore=(), fail_on: str = "error", precision: str |
     model is linted upgraded to that default-domain opset, as `convert --opset` would plan it; with
     `runtime` ("cuda", "tensorrt"), planned as `convert --runtime` would, for that runtime's kernels;
     `precise` plans as `convert --precise` would."""
+    from ..io import model_argument
     from ..options import lint_options, plan_options
     from .engine import lint as _lint
 
     if not models:
         raise AutocastError("lint() needs at least one model", None, "pass a path or a ModelProto")
+    models = tuple(model_argument(m, "models" if len(models) == 1 else f"models[{k}]") for k, m in enumerate(models))
     plan = plan_options(
         precision=precision, rules=rules, exclude_ops=exclude_ops, include_ops=include_ops,
         exclude_nodes=exclude_nodes, include_nodes=include_nodes, opset=opset,

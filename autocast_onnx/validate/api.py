@@ -122,7 +122,8 @@ def validate(
     generate: int = 16,
     save_inputs=None,
 ) -> ValidationReport:
-    """Compare `converted` against `reference` (paths or ModelProtos), as `autocast-onnx validate`:
+    """Compare `converted` against `reference` (paths or ModelProtos, never edited; `converted` may
+    also be the ConversionResult convert gave), as `autocast-onnx validate`:
     per-output accuracy on `inputs` (an .npz or Polygraphy .json file, or a folder of either) or
     generated batches, and speed (None: timed on CUDA only; True or False forces it). For a causal
     LM, `generate` tokens of greedy continuation are compared too (0: none). `save_inputs` writes
@@ -131,10 +132,13 @@ def validate(
     min_top1 0.99, min_iou 0.99, map_threshold 0.5); each takes a number for every output, a mapping {output: X}
     for some, or a list mixing numbers and "NAME=X" strings as the command line does. Positions an
     attention mask marks as padding are left out unless `compare_padded`."""
+    from ..io import model_argument
     from ..options import save_inputs_path, thresholds_from
     from .core import ValidateOptions
     from .core import validate as _validate
 
+    reference = model_argument(reference, "reference")
+    converted = model_argument(converted, "converted", result=True)
     if inputs is not None and (dims or ranges or batches != 1 or seed != 0):
         raise AutocastError(
             "dims=, ranges=, batches= and seed= have no effect with inputs= (the arrays are used as they are)",

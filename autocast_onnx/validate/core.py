@@ -83,8 +83,12 @@ class _Sessions:
 
 
 def _load(model) -> _Loaded:
+    """The model to validate: a path read and checked; a ModelProto checked on a copy (never edited),
+    as convert checks one (pipeline.load_argument), so that a malformed one is refused in one line."""
     if isinstance(model, onnx.ModelProto):
-        return _Loaded(model, None, encoded_size(model))
+        from ..pipeline import load_argument
+
+        return _Loaded(load_argument(model, True).model, None, encoded_size(model))
     loaded = load_checked(model)
     size = loaded.file_bytes + sum(os.path.getsize(Path(model).parent / f) for f in loaded.external_files)
     return _Loaded(loaded.model, str(model), size)

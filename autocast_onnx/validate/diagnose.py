@@ -25,6 +25,7 @@ Memory stays bounded: tensors are captured GROUP at a time (as calibration does)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,7 @@ from onnx import helper
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import NONTENSOR, build_index
+from ..io import ModelArgument, model_argument
 from . import runner
 from .emulate import emulation_model, session_as_is
 from .reports import JsonReport
@@ -99,7 +101,9 @@ def _capture(
     for start in range(0, len(names), GROUP):
         group = names[start : start + GROUP]
         sess = runner.session(_with_outputs(model, group, types, containers or {}), device)
-        out.update(zip(group, runner.run(sess, feeds)))
+        # a converted model's low-precision inputs take the batch in their own type
+        given = {spec.name for spec in sess.get_inputs() if spec.name in feeds}
+        out.update(zip(group, runner.run(sess, {**feeds, **runner.feeds_for_some(sess, feeds, given)})))
         del sess
     return out
 
@@ -466,19 +470,21 @@ class DiagnoseReport(JsonReport):
 
 def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None, seed: int = 0, plan=None,
                    top: int = 10) -> DiagnoseReport:  # fmt: skip
-    """`autocast-onnx diagnose`: attribution of CONVERTED's error against REFERENCE (paths) on one
-    batch: the first batch of `inputs` (an .npz or Polygraphy .json file, or a folder), else one generated from `dims`,
-    `ranges` and `seed` as validate does. `plan` (a plan file or PrecisionPlan of REFERENCE) gives
-    categories and reasons; without it they come from the default rules. Returns a DiagnoseReport."""
-    from ..graph.sanity import load_checked
+    """`autocast-onnx diagnose`: attribution of CONVERTED's error against REFERENCE on one batch:
+    the first batch of `inputs` (an .npz or Polygraphy .json file, or a folder), else one generated from `dims`,
+    `ranges` and `seed` as validate does. Each model is a path or an onnx.ModelProto (read, never
+    edited); `converted` may also be the ConversionResult convert gave. `plan` (a plan file or
+    PrecisionPlan of REFERENCE) gives categories and reasons; without it they come from the default
+    rules. Returns a DiagnoseReport."""
     from ..pipeline import plan_model
     from ..plan import PrecisionPlan
     from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
 
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise AutocastError(f"--top must be a whole number >= 1, not {top!r}", "--top", "e.g. --top 10")
-    ref = load_checked(reference).model
-    conv = load_checked(converted).model
+    reference = model_argument(reference, "reference")
+    converted = model_argument(converted, "converted", result=True)
+    ref, conv = _checked(reference, "reference"), _checked(converted, "converted")
     specs = describe_inputs(ref)
     if inputs is not None:
         check_batches(inputs, specs)
@@ -491,6 +497,27 @@ def diagnose_files(reference, converted, *, inputs=None, dims=None, ranges=None,
     else:
         plan = plan if isinstance(plan, PrecisionPlan) else PrecisionPlan.load(plan)
         reasons = plan.source or "plan"
-    report = diagnose(ref, conv, batch=batch, plan=plan, top=top, where=str(converted))
-    report.update(reference=str(reference), converted=str(converted), reasons_from=reasons)
+    report = diagnose(ref, conv, batch=batch, plan=plan, top=top, where=_shown(converted, None))
+    report.update(
+        reference=_shown(reference, "<reference>"), converted=_shown(converted, "<converted>"), reasons_from=reasons
+    )
     return DiagnoseReport(report)
+
+
+def _checked(model: ModelArgument, name: str) -> onnx.ModelProto:
+    """The model diagnose works on, loaded and checked as convert loads one (pipeline.load_argument): a
+    path read and checked, a ModelProto checked on a copy (the caller's is never edited); an
+    in-memory model's defect is named as `<name>`."""
+    from ..pipeline import load_argument
+
+    try:
+        return load_argument(model, True).model
+    except AutocastError as exc:
+        if isinstance(model, onnx.ModelProto) and exc.where == "<model>":
+            raise AutocastError(exc.what, f"<{name}>", exc.hint) from None
+        raise
+
+
+def _shown(model: ModelArgument, in_memory: str | None) -> str | None:
+    """How the report names a model: its path as given, or `in_memory` for a ModelProto."""
+    return in_memory if isinstance(model, onnx.ModelProto) else os.fspath(model)

@@ -4,10 +4,9 @@ and to search for the fewest nodes to keep fp32 for an accuracy target. Its resu
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..graph.sanity import load_checked
+from ..io import ModelArgument, model_argument
 
 
 @dataclass
@@ -21,7 +20,7 @@ class DataPlanning:
 
 
 def plan_on_data(
-    model: str | os.PathLike,
+    model: ModelArgument,
     plan_options=None,
     *,
     calibration_data=None,
@@ -30,26 +29,30 @@ def plan_on_data(
     progress=None,
     note=None,
     gpu: str | None = None,
+    verdict=None,
 ) -> DataPlanning:
-    """Run the fp32 model on data before planning (`gpu`: the GPU the search's cost model prices on):
-    `calibration_data` (an .npz or Polygraphy .json file, or a
+    """Run the fp32 model (a path or an onnx.ModelProto, never edited) on data before planning
+    (`gpu`: the GPU the search's cost model prices on): `calibration_data` (an .npz or Polygraphy .json file, or a
     folder of either) records tensor ranges; `targets` (e.g. ["cosine=0.9999"]) searches for the fewest
     nodes to keep fp32 on the validation inputs (`validation`, a ValidateOptions: its --inputs,
     or batches generated from its dims, ranges, seed and batch count), measured as validation
     measures them (its map thresholds; padded positions left out unless compare_padded). `plan_options` (a
     PlanOptions) decides the plans the search tries. The result's fields go to
-    `convert(..., calibration=, force_fp32=)`."""
+    `convert(..., calibration=, force_fp32=)`. `verdict(reference, converted) -> bool` (API
+    only: a Python callable) judges each batch of the search beside the targets, or alone."""
     from ..options import plan_options as _plan_options
+    from ..pipeline import load_argument
     from . import runner
     from .core import ValidateOptions
     from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
 
+    model = model_argument(model, "model")  # a path or a ModelProto: refused now if neither, before any work
     out = DataPlanning()
-    if calibration_data is None and not targets:
+    if calibration_data is None and not targets and verdict is None:
         return out
     plan_options = plan_options or _plan_options()
     validation = validation or ValidateOptions()
-    source = load_checked(model).model
+    source = load_argument(model, True).model  # read and checked as convert reads it; a ModelProto on a copy
     specs = describe_inputs(source)
     device, _ = runner.resolve_device(validation.device)
     goal = None
@@ -57,6 +60,10 @@ def plan_on_data(
         from ..options import parse_targets
 
         goal = parse_targets(targets).measured_as(validation.thresholds)
+    elif verdict is not None:
+        from .search import no_limits
+
+        goal = no_limits().measured_as(validation.thresholds)
     # every input is checked (headers only) before any long run starts
     if calibration_data is not None:
         check_batches(calibration_data, specs)
@@ -83,5 +90,6 @@ def plan_on_data(
             progress,
             note,
             compare_padded=validation.compare_padded,
+            callback=verdict,
         )
     return out

@@ -94,8 +94,15 @@ _NUMPY_OF = {
 def feeds_for(sess, feeds: dict) -> dict:
     """`feeds` cast to the element types the session declares for its inputs (each tensor of a
     sequence input, which inputs.SequenceFeed casts)."""
+    return feeds_for_some(sess, feeds, {spec.name for spec in sess.get_inputs()})
+
+
+def feeds_for_some(sess, feeds: dict, names: set) -> dict:
+    """feeds_for, for the session's inputs in `names` only (those that take a value from `feeds`)."""
     out = {}
     for spec in sess.get_inputs():
+        if spec.name not in names:
+            continue
         value = feeds[spec.name]
         want = _NUMPY_OF.get(_element_type(spec.type))
         out[spec.name] = value.astype(want) if want is not None and value.dtype != want else value

@@ -30,6 +30,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import onnx
 
 from .. import roofline
@@ -88,6 +89,7 @@ class _Evaluator:
         target: Thresholds,
         device: str,
         padding: Padding | None = None,
+        callback=None,
     ):
         from ..pipeline import convert
 
@@ -105,6 +107,15 @@ class _Evaluator:
         ]
         self.floor = RELATIVE_FLOOR[_target_type(convert_options)]
         self.evaluations = 0
+        self.callback = callback
+        if callback is not None:
+            for out in self.reference:
+                if not _says_yes(callback, out, out):
+                    raise AutocastError(
+                        "the verdict callback returns False for the fp32 model's outputs compared with themselves",
+                        "verdict",
+                        "make it accept the reference outputs (it gets the reference outputs, then the converted ones)",
+                    )
 
     def convert(self, forced: dict):
         return self._convert(self.model, check="none", force_fp32=forced, **self.options)
@@ -125,17 +136,54 @@ class _Evaluator:
             OutputStats(n, relative_floor=self.floor, map_threshold=self.target.for_output(n).map_threshold)
             for n in self.names
         ]
+        refused = 0
         for feeds, ref_out, keeps in zip(self.batches, self.reference, self.keep):
             inputs = {i.name: feeds[i.name].astype(_np(i.type)) for i in sess.get_inputs()}
-            for s, r, o, keep in zip(stats, ref_out, runner.run(sess, inputs), keeps):
+            got = runner.run(sess, inputs)
+            if self.callback is not None and not _says_yes(self.callback, ref_out, got):
+                refused += 1
+            for s, r, o, keep in zip(stats, ref_out, got, keeps):
                 o = o.astype(r.dtype) if o.dtype != r.dtype and r.dtype.kind == "f" else o
                 s.add(r, o, keep)
-        failures = []
+        failures = (
+            [f"the verdict callback returned False on {refused} of {len(self.batches)} batches"] if refused else []
+        )
         for s in stats:
             _, why = verdict(s.summary(), self.target)
             failures += [f"{s.name}: {w}" for w in why]
         error = max((search_error(s, self.target) for s in stats), default=0.0)
         return not failures, failures, error
+
+
+def no_limits() -> Thresholds:
+    """A target that sets no threshold: a search judged by a verdict callback alone."""
+    return Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None, min_iou=None)
+
+
+def judged_by(target: Thresholds, callback) -> list[str]:
+    """What decides that a conversion passes: each threshold the target sets (`rtol=0.01`), and
+    the caller's verdict callback where there is one."""
+    names = {v: k for k, v in TARGET_KEYS.items() if k in ("atol", "rtol", "cosine", "top1", "iou")}
+    out = [f"{names[key]}={getattr(target, key):g}" for key in names if getattr(target, key) is not None]
+    return out + (["the verdict callback"] if callback is not None else [])
+
+
+def _says_yes(callback, reference: list, converted: list) -> bool:
+    """The verdict callback's answer on one batch: True or False (numpy's too); anything else,
+    or an exception it raises, is refused naming it."""
+    try:
+        said = callback(list(reference), list(converted))
+    except Exception as exc:  # the caller's code: its failure is the caller's to see, in one line
+        raise AutocastError(
+            f"the verdict callback raised {type(exc).__name__}: {exc}", "verdict", "fix the callback"
+        ) from None
+    if not isinstance(said, (bool, np.bool_)):
+        raise AutocastError(
+            f"the verdict callback returned {type(said).__name__}, not True or False",
+            "verdict",
+            "return a bool (e.g. bool(np.allclose(...)))",
+        )
+    return bool(said)
 
 
 def _target_type(convert_options: dict) -> str:
@@ -268,16 +316,22 @@ def search(
     progress=None,
     note=None,
     compare_padded: bool = False,
+    callback=None,
 ) -> tuple[dict, dict]:
     """(node id -> Reason for the nodes to keep fp32, a log of the search). `progress(label,
     total)` gives a bar (a terminal); `note(text)` is called once per step (no terminal). The
     outputs are measured as validation measures them: padded positions left out unless
-    `compare_padded`, maps judged by IoU when the target sets iou=.
+    `compare_padded`, maps judged by IoU when the target sets iou=. `callback(reference,
+    converted) -> bool`, the caller's own judgement of one batch (the two lists of output arrays,
+    in the model's output order, the converted ones in the converted model's output types), must
+    hold too, beside the thresholds that `target` sets (it may set none); the log's `judged_by`
+    names both.
 
     The stages (see the module docstring): check the two ends (nothing kept fp32 may already
     pass; everything kept fp32 must), attribute the error to nodes, rank the candidates, find the
     culprits one by one, and finish with the smallest passing set."""
-    run = _Search(model, batches, convert_options, target, device, progress, note, Padding(model, compare_padded))
+    padding = Padding(model, compare_padded)
+    run = _Search(model, batches, convert_options, target, device, progress, note, padding, callback)
     if run.passes_as_is():
         return run.finish([])
     run.check_reachable()
@@ -291,9 +345,11 @@ class _Search:
     conversion makes low precision, in execution order), their scores and regions, the culprits
     found and the smallest passing set seen, the bar and the log."""
 
-    def __init__(self, model, batches, convert_options: dict, target: Thresholds, device: str, progress, note, padding):
+    def __init__(
+        self, model, batches, convert_options: dict, target: Thresholds, device: str, progress, note, padding, callback
+    ):
         self.start = time.perf_counter()
-        self.ev = _Evaluator(model, batches, convert_options, target, device, padding)
+        self.ev = _Evaluator(model, batches, convert_options, target, device, padding, callback)
         self.first = self.ev.convert({})
         self.index = build_index(onnx.ModelProto.FromString(model.SerializeToString()))
         self.low = {p.id for p in self.first.plan.nodes if p.precision in ("fp16", "bf16") and not _forced_low(p)}
@@ -307,6 +363,7 @@ class _Search:
             "initial_failures": [],
             "passed": True,
             "seconds": 0.0,
+            "judged_by": judged_by(target, callback),
         }
         # the search never runs more than this many evaluations (the budget, plus the last check of a
         # culprit and the two checks up front): an honest upper bound for the bar
