@@ -278,6 +278,19 @@ def test_untyped_graph_outputs_are_typed_by_inference_and_said():
     np.testing.assert_allclose(runner.run(sess, {"x": x})[0], x, rtol=1e-3)
 
 
+def test_untyped_body_outputs_under_a_typed_main_graph_need_no_inference():
+    """The index types a body's outputs from their producers: with the main graph's outputs typed,
+    nothing is inferred (the load only looks at the main graph's outputs) and nothing is said."""
+    source = untyped_if_model()
+    source.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    result = autocast_onnx.convert(source)
+    assert not [w for w in result.plan.warnings if w.code == "untyped-output"]
+    x = np.array([[1, -2, 3, 4], [0.5, 0.25, -1, 2]], np.float32)
+    np.testing.assert_allclose(
+        runner.run(runner.session(result.model.SerializeToString(), "cpu"), {"x": x})[0], x, rtol=1e-3
+    )
+
+
 def test_the_drop_in_lowers_an_untyped_float_output_as_the_peer_does():
     out = quiet(compat.convert_float_to_float16, untyped_if_model(), keep_io_types=False)
     assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT16

@@ -43,7 +43,6 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, TensorProto
 
-from ..catalog.loader import normalize_domain
 from ..errors import AutocastError
 from ..io import (
     LeftInFile,
@@ -53,6 +52,7 @@ from ..io import (
     load_external_tensor,
     load_model,
 )
+from .domains import normalize_domain
 
 HINT = "fix the model or re-export it"
 _KNOWN_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
@@ -237,16 +237,18 @@ def _call_cycle(start, calls: dict) -> list | None:
 
 
 def type_untyped_outputs(model: onnx.ModelProto) -> list[str]:
-    """Give each graph output declared without a type, or with a tensor type without an element
-    type (in the main graph or in a body: exporters leave If branches' outputs so), the type that
-    ONNX type inference gives it, in place: ONNX Runtime infers the same when it loads the model.
-    An output inference cannot type is left as it is (check_io_types refuses it in the main
-    graph). Returns one note per output typed, naming it and its type."""
+    """Where a main-graph output is declared without a type, or with a tensor type without an
+    element type (exporters leave If results so), give it and every body output declared so the
+    type that ONNX type inference gives it, in place: ONNX Runtime infers the same when it loads
+    the model. An output inference cannot type is left as it is (check_io_types refuses it in the
+    main graph). Returns one note per output typed, naming it and its type. A model whose main
+    outputs are all typed costs a look at them: the index types untyped body outputs from their
+    producers itself."""
+    if not any(_untyped(v) for v in model.graph.output):
+        return []
     untyped = [
         (path, k) for path, graph in _graph_paths(model.graph) for k, v in enumerate(graph.output) if _untyped(v)
     ]
-    if not untyped:
-        return []
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
@@ -292,9 +294,21 @@ def _graph_paths(graph: onnx.GraphProto) -> Iterator[tuple[tuple, onnx.GraphProt
         path, each = stack.pop()
         yield path, each
         for n, node in enumerate(each.node):
+            if not _may_hold_graphs(node.op_type):
+                continue
             for attr in node.attribute:
                 bodies = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
                 stack.extend(((*path, (n, attr.name, b)), body) for b, body in enumerate(bodies))
+
+
+@cache
+def _may_hold_graphs(op_type: str) -> bool:
+    """Whether a node of this op type may have a graph attribute (as _may_hold_tensors decides
+    for tensors): a default-domain op whose schema declares none has none."""
+    if not onnx.defs.has(op_type):
+        return True
+    graphs = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+    return any(a.type in graphs for a in onnx.defs.get_schema(op_type).attributes.values())
 
 
 def check_io_types(graph: onnx.GraphProto, where: str) -> None:
