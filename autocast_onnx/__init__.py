@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from .errors import AutocastError
     from .gate import CheckResult
     from .lint.api import LintReport
-    from .options import PlanOptions
     from .pipeline import ConversionResult, convert_file
     from .plan import NodePlan, PrecisionPlan
+    from .plan.options import PlanOptions
     from .validate.api import OutputComparison, ValidationReport
     from .validate.diagnose import DiagnoseReport
     from .validate.diagnose import diagnose_files as diagnose
@@ -44,7 +44,7 @@ _WHERE = {
     "AutocastError": (".errors", "AutocastError"),
     "CheckResult": (".gate", "CheckResult"),
     "check": (".api", "check"),
-    "PlanOptions": (".options", "PlanOptions"),
+    "PlanOptions": (".plan.options", "PlanOptions"),
     "ConversionResult": (".pipeline", "ConversionResult"),
     "DataPlanning": (".validate.on_data", "DataPlanning"),
     "convert_file": (".pipeline", "convert_file"),

@@ -61,10 +61,9 @@ def convert(
     the search's log when there was one). `verdict(reference, converted) -> bool`, a callable
     given the two lists of output arrays of one batch, is the caller's own judgement: the search
     keeps the fewest nodes fp32 for it to hold, beside `target` or alone."""
-    from .options import thresholds_from
     from .pipeline import convert as _convert
     from .plan.options import plan_options_in
-    from .validate.core import ValidateOptions
+    from .validate.options import ValidateOptions, thresholds_from
 
     planning, rest = plan_options_in(options, "convert")
     if verdict is not None and not callable(verdict):
@@ -190,7 +189,7 @@ def _explained_plan(model, calibration_data, options: dict):
     the whole conversion takes (a plan to replay, the check level) keeps the conversion."""
     from .pipeline import plan_model
     from .plan.options import plan_options_in
-    from .validate.core import ValidateOptions
+    from .validate.options import ValidateOptions
 
     planning, rest = plan_options_in(options, "explain")
     if not set(rest) <= set(plan_model.__kwdefaults__ or ()):
@@ -249,9 +248,10 @@ def check(
     from .gate import check as run_gate
     from .gate import load_baseline
     from .io import model_argument, model_file
-    from .options import lint_options, plan_options, validate_options
-    from .plan.options import PLANNING
+    from .lint.engine import lint_options
+    from .plan.options import PLANNING, plan_options
     from .validate.core import precheck
+    from .validate.options import validate_options
 
     model = model_argument(model, "model")
     unknown = sorted(set(planning) - set(PLANNING))

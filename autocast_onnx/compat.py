@@ -39,8 +39,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
 
-from .catalog.loader import normalize_domain
 from .errors import AutocastError
+from .graph.domains import normalize_domain
 
 __all__ = [
     "DEFAULT_OP_BLOCK_LIST",

@@ -90,7 +90,7 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
     """The value of setting `norm` (written `key`), checked; rule files made relative to the
     configuration file's folder."""
     if norm in VALIDATE_KEYS:
-        from .options import check_threshold
+        from .validate.options import check_threshold
 
         try:
             check_threshold(norm, value, key, "fix the value")
@@ -148,7 +148,7 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
 
 def _checked_run_key(norm: str, key: str, value, where: str):
     """speed (true or false) or a whole number within the range its flag takes (options.COUNTS)."""
-    from .options import COUNTS
+    from .validate.options import COUNTS
 
     if norm == "speed":
         if not isinstance(value, bool):
@@ -181,8 +181,8 @@ def _check_suppress(key: str, value, where: str) -> None:
 def _checked_outputs(key: str, value, where: str) -> dict:
     """`[outputs.NAME]` tables: output name -> {threshold: number}, the keys those of
     metrics.PER_OUTPUT_KEYS (hyphens or underscores), each value range-checked."""
-    from .options import check_threshold
     from .validate.metrics import PER_OUTPUT_KEYS
+    from .validate.options import check_threshold
 
     allowed = ", ".join(k.replace("_", "-") for k in PER_OUTPUT_KEYS)
     example = f"[{key}.prob_map] min-iou = 0.98"

@@ -121,11 +121,11 @@ def check(
     `baseline` is a previous report (see load_baseline): then only new findings and
     regressions fail. `shown` names the model in the report and its findings instead of that path
     (api.check's `<model>`, for a ModelProto it wrote to a temporary file)."""
+    from .lint.engine import lint_options as _lint_options
     from .lint.report import lint_dict
-    from .options import lint_options as _lint_options
-    from .options import plan_options as _plan_options
+    from .plan.options import plan_options as _plan_options
     from .report.checkgate import compare_baseline
-    from .validate.core import ValidateOptions
+    from .validate.options import ValidateOptions
 
     plan_options = plan_options or _plan_options()
     lint_options = lint_options or _lint_options(plan=plan_options)

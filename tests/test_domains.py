@@ -1,5 +1,5 @@
 """The default ONNX domain may be spelled "" or "ai.onnx": the graph index normalises it once
-(catalog.loader.normalize_domain), so every stage treats both spellings alike, while plans and
+(graph.domains.normalize_domain), so every stage treats both spellings alike, while plans and
 the converted model keep the spelling the author wrote."""
 
 from __future__ import annotations

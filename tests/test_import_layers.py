@@ -19,14 +19,18 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),  # option groups and exit codes over the library calls
     ("api", "compat", "config"),  # the Python API, its drop-ins for other converters; the configuration file
     ("gate",),  # `check`: convert, validate and lint in one verdict
-    ("validate", "lint", "options"),  # run and compare models, the checks; the options objects
+    (
+        "validate",
+        "lint",
+    ),  # run and compare models, the checks (each with its options: validate/options.py, lint/engine.py)
     ("training",),  # artifacts folders: converts each model of the folder
     ("pipeline",),  # convert and convert_file: the stages in order
     ("report",),  # formatting results
     ("rewrite",),  # the only code that edits the graph
     ("plan",),  # classify, paint, the plan and its file
     ("roofline",),  # the GPU cost model: a graph, its shapes and the GPU table (below planning)
-    ("catalog", "graph", "patterns", "diagnostics"),  # rule files, the index, shared judgements
+    ("catalog",),  # rule files, the kernel and compute tables (read with the graph's signatures)
+    ("graph", "patterns", "diagnostics"),  # the index, the op signatures, shared judgements
     ("fast",),  # the fast path: the worker, the walk, the weight screen, payloads left in the file, the splice
     ("io",),  # load and save
     ("errors", "dtypes", "_version", "hazards", "filesys", "varint"),  # leaves (hazards: what a constant loses)
@@ -159,6 +163,26 @@ def test_no_import_circles():
 def test_no_upward_imports():
     found = sorted((_short(a), _short(b)) for a, b in upward_imports(import_graph()))
     assert not found, "imports up a layer: " + ", ".join(f"{a} -> {b}" for a, b in found)
+
+
+def unit_ties(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(unit, unit) pairs, in order, of two units that import each other (folders in the same
+    layer must keep one direction too)."""
+    edges = {(unit(a), unit(b)) for a, targets in graph.items() for b in targets if unit(a) != unit(b)}
+    return {(a, b) for a, b in edges if (b, a) in edges and a < b}
+
+
+def test_no_two_units_import_each_other():
+    found = sorted(unit_ties(import_graph()))
+    assert not found, "units that import each other: " + ", ".join(f"{a} <-> {b}" for a, b in found)
+
+
+def test_the_tie_check_finds_a_tie():
+    graph = {
+        "autocast_onnx.lint.api": {"autocast_onnx.validate.core"},
+        "autocast_onnx.validate.core": {"autocast_onnx.lint.engine"},
+    }
+    assert unit_ties(graph) == {("lint", "validate")}
 
 
 def test_the_checks_find_a_circle_and_an_upward_import():

@@ -10,8 +10,8 @@ from validate_helpers import cli
 
 import autocast_onnx
 from autocast_onnx.errors import AutocastError
-from autocast_onnx.options import parse_targets, validate_options
 from autocast_onnx.validate.metrics import OutputStats, Thresholds
+from autocast_onnx.validate.options import parse_targets, validate_options
 
 
 @pytest.fixture(autouse=True)

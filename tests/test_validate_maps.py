@@ -14,9 +14,9 @@ from validate_helpers import ROOT, cli
 
 import autocast_onnx
 from autocast_onnx.errors import AutocastError
-from autocast_onnx.options import validate_options
 from autocast_onnx.validate.core import ValidateOptions, validate
 from autocast_onnx.validate.metrics import OutputStats, Thresholds, verdict
+from autocast_onnx.validate.options import validate_options
 
 FP16_EPS, BF16_EPS = 2.0**-10, 2.0**-7  # the types' resolution at 1 (metrics.RELATIVE_FLOOR)
 

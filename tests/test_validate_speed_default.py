@@ -13,8 +13,8 @@ from bad_input_helpers import assert_ok, invoke, isolated_cwd
 from helpers import parse, randn
 
 import autocast_onnx
-from autocast_onnx.options import validate_options
 from autocast_onnx.validate.core import SPEED_LEFT_OUT, ValidateOptions, timed
+from autocast_onnx.validate.options import validate_options
 
 isolated = pytest.fixture(autouse=True)(isolated_cwd)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from onnx import TensorProto
 
 from ..errors import AutocastError
-from .loader import normalize_domain
+from ..graph.domains import normalize_domain
 
 RUNTIMES = ("cuda", "tensorrt", "dml")
 _LOW_NAMES: dict[int, str] = {int(TensorProto.FLOAT16): "float16", int(TensorProto.BFLOAT16): "bfloat16"}

@@ -17,7 +17,7 @@ from onnx import TensorProto
 from ..dtypes import dtype_name
 from ..errors import AutocastError
 from ..graph import signatures
-from .loader import normalize_domain
+from ..graph.domains import normalize_domain
 
 RUNTIMES = ("cuda", "tensorrt", "dml")
 _FLOATS = {"float", "double", "float16", "bfloat16"}

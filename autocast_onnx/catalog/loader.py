@@ -29,6 +29,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from ..errors import AutocastError, InternalCheckError
+from ..graph.domains import normalize_domain
 from ..patterns import UserPattern, compile_pattern, shown
 from .toml_lines import TomlLines
 
@@ -111,12 +112,6 @@ class RuleSet:
 
     def pin(self, domain: str, op_type: str) -> Pin | None:
         return self.pins.get((normalize_domain(domain), op_type))
-
-
-def normalize_domain(domain: str) -> str:
-    """The domain with the default ONNX domain as "" however it is spelled ("" or "ai.onnx"): the
-    one place the two spellings are told apart; the graph index stores node domains normalised."""
-    return "" if domain in ("", "ai.onnx") else domain
 
 
 def default_rules_path() -> Path:

@@ -304,8 +304,7 @@ def _plan_from(settings, kw):
     """The command's PlanOptions, built once from the configuration and its flags: each planning
     option's flag is read by the click name PlanOptions declares for it (plan/options.py); one the
     command does not have reads as not given."""
-    from ..options import plan_options
-    from ..plan.options import cli_name, planning_fields
+    from ..plan.options import cli_name, plan_options, planning_fields
 
     return plan_options(settings, **{option.name: kw.get(cli_name(option)) for option in planning_fields()})
 
@@ -859,7 +858,7 @@ class _ConvertCall:
 def _convert_body(call: _ConvertCall, written) -> bool:
     """convert, under run_guarded: check every option and output, plan (maybe on data), convert,
     print the summary, then validate if asked. True when every threshold passed."""
-    from ..options import validate_options
+    from ..validate.options import validate_options
 
     _refuse_convert_options_without_effect(call)
     settings, config_file = _setup(call.config, call.verbose)
@@ -883,7 +882,7 @@ def _convert_body(call: _ConvertCall, written) -> bool:
     call.dims = dict(options.dims)  # they size the summary's cast traffic and estimate too
     goal = None
     if call.targets:
-        from ..options import parse_targets
+        from ..validate.options import parse_targets
 
         goal = parse_targets(call.targets)
     _check_convert_outputs(call, out, options, config_file, plan)
@@ -1187,8 +1186,8 @@ def _convert_batch(call: _ConvertCall, models, jobs: int, written) -> tuple[list
         parse_loss_scale(call.loss_scale)
     validation = None
     if call.run_validate:
-        from ..options import validate_options
         from ..validate import core  # noqa: F401  (imported once here, before the workers fork)
+        from ..validate.options import validate_options
 
         validation = validate_options(settings, **call.kw)
     for model in models:  # an artifacts folder's models are converted together, by convert FOLDER
@@ -1323,7 +1322,7 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
 
     def training_body(written) -> bool:
         from ..io import check_outputs
-        from ..options import validate_options
+        from ..validate.options import validate_options
 
         _refuse_for_training_step(ctx, _given(ctx, list(kw)))
         settings, config_file = _setup(config, verbose)
@@ -1341,9 +1340,9 @@ def validate(ctx, reference, converted, quiet, config, verbose, **kw) -> None:
         if _is_training_model(reference):
             return training_body(written)
         from ..io import check_outputs
-        from ..options import validate_options
         from ..report.validation import validation_text
         from ..validate.core import validate as run_validation
+        from ..validate.options import validate_options
 
         _refuse_generation_with_inputs(ctx, kw)
         settings, config_file = _setup(config, verbose)
@@ -1559,7 +1558,7 @@ def lint(
 
     def body(written):
         from ..io import check_outputs
-        from ..options import lint_options
+        from ..lint.engine import lint_options
 
         settings, config_file = _setup(config, verbose)
         plan = _plan_from(settings, kw)
@@ -1924,8 +1923,9 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
         from ..gate import check as run_check
         from ..gate import load_baseline
         from ..io import check_outputs
-        from ..options import lint_options, validate_options
+        from ..lint.engine import lint_options
         from ..validate.core import precheck
+        from ..validate.options import validate_options
 
         if skip_validate:
             # check's --report-json is the gate's report, written either way

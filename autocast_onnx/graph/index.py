@@ -16,9 +16,9 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, TensorProto
 
-from ..catalog.loader import normalize_domain
 from ..errors import AutocastError, InternalCheckError
 from . import signatures
+from .domains import normalize_domain
 
 log = logging.getLogger(__name__)
 

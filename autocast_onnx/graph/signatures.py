@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx.defs
 from onnx import TensorProto
 
-from ..catalog.loader import normalize_domain
+from .domains import normalize_domain
 
 _TYPE_OF_STR = {}
 for _name, _value in TensorProto.DataType.items():

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..catalog.loader import normalize_domain
+from .domains import normalize_domain
 
 ACCUMULATORS = frozenset({("com.microsoft", "InPlaceAccumulatorV2"), ("com.microsoft", "InPlaceAccumulator")})
 LOSS_OPS = frozenset(

@@ -52,8 +52,9 @@ def lint(*models, select=(), ignore=(), fail_on: str = "error", precision: str |
     `runtime` ("cuda", "tensorrt"), planned as `convert --runtime` would, for that runtime's kernels;
     `precise` plans as `convert --precise` would."""
     from ..io import model_argument
-    from ..options import lint_options, plan_options
+    from ..plan.options import plan_options
     from .engine import lint as _lint
+    from .engine import lint_options
 
     if not models:
         raise AutocastError("lint() needs at least one model", None, "pass a path or a ModelProto")

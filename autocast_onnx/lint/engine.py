@@ -13,7 +13,7 @@ import onnx
 from ..diagnostics import Diagnostic, at_least
 from ..errors import AutocastError
 from ..graph.sanity import load_checked
-from ..patterns import UserPattern
+from ..patterns import UserPattern, shown
 from ..rewrite.provenance import examine as examine_provenance
 from .catalog import load_checks
 from .checks import KINDS, LintContext, report
@@ -51,7 +51,7 @@ class LintOptions:
     # lints several models and reports them once)
     suppress: list = field(default_factory=list)  # Suppression entries from the configuration
     rules: list = field(default_factory=list)  # conversion rule files (decide "protected")
-    plan: object = None  # options.PlanOptions: selections that decide "protected"
+    plan: object = None  # plan.options.PlanOptions: selections that decide "protected"
 
 
 @dataclass
@@ -231,3 +231,39 @@ def _model_warnings(upgrade, unreadable: list) -> list[str]:
     if unreadable:
         said.append(f"the provenance record cannot be read ({', '.join(unreadable)})")
     return said
+
+
+def lint_options(
+    settings: dict | None = None,
+    *,
+    select=(),
+    ignore=(),
+    fail_on=None,
+    plan=None,
+    precision_given: bool = True,
+):
+    """LintOptions from configuration `settings`, the lint flags and the plan options (the rules
+    and selections that decide which findings the default conversion protects). With
+    `precision_given` false an fp32 model is linted against the plan's precision only as a default."""
+    from ..diagnostics import SEVERITIES
+    from ..plan.options import plan_options
+
+    settings = settings or {}
+    plan = plan or plan_options(settings)
+    if fail_on is not None and fail_on not in SEVERITIES:
+        raise AutocastError(
+            f"--fail-on must be one of {', '.join(SEVERITIES)}, not {shown(fail_on)}", "--fail-on", "fix it"
+        )
+    suppress = [
+        Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
+        for e in settings.get("suppress", [])
+    ]
+    return LintOptions(
+        select=list(select) or settings.get("select", ["AC"]),
+        ignore=list(ignore) or settings.get("ignore", []),
+        fail_on=fail_on or settings.get("fail_on", "error"),
+        precision=plan.target.value if precision_given else None,
+        suppress=suppress,
+        rules=list(plan.rules),
+        plan=plan,
+    )

@@ -21,10 +21,10 @@ import re
 
 import onnx
 
-from ..catalog.loader import normalize_domain
 from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError, InternalCheckError
 from ..graph import NONTENSOR
+from ..graph.domains import normalize_domain
 from ..io import all_graphs, encoded_size
 
 CHECK_LIMIT = 2**31 - 64 * 2**20

@@ -35,8 +35,8 @@ from functools import cache
 import onnx
 from onnx import defs, helper
 
-from ..catalog.loader import normalize_domain
 from ..errors import AutocastError
+from ..graph.domains import normalize_domain
 from ..io import PROTOBUF_LIMIT, encoded_size
 from .opset_check import Changed, Disagreement, OpsetWarning, compare, kernel_warnings
 

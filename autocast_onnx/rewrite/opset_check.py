@@ -49,8 +49,8 @@ import onnx
 from onnx import TensorProto, defs, helper
 
 from ..catalog.kernels import has_kernel, missing_kernel, no_kernel_message
-from ..catalog.loader import normalize_domain
 from ..dtypes import dtype_name
+from ..graph.domains import normalize_domain
 
 RTOL = 1e-3
 ATOL = 1e-4

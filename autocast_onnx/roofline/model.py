@@ -6,8 +6,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..catalog.loader import normalize_domain
 from ..dtypes import BFLOAT16, FLOAT, FLOAT16, ITEMSIZE
+from ..graph.domains import normalize_domain
 from ..graph.shapes import MAC_OPS, macs_of
 from .gpus import GPU, table
 

@@ -133,9 +133,8 @@ def validate(
     for some, or a list mixing numbers and "NAME=X" strings as the command line does. Positions an
     attention mask marks as padding are left out unless `compare_padded`."""
     from ..io import model_argument
-    from ..options import save_inputs_path, thresholds_from
-    from .core import ValidateOptions
     from .core import validate as _validate
+    from .options import ValidateOptions, save_inputs_path, thresholds_from
 
     reference = model_argument(reference, "reference")
     converted = model_argument(converted, "converted", result=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .inputs import (
 )
 from .masks import Padding
 from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, verdict
+from .options import ValidateOptions
 from .polygraphy_json import is_json
 
 SCHEMA_VERSION = 1
@@ -40,26 +41,6 @@ CPU_SPEED_NOTE = (
     "measured on CPU: ONNX Runtime's CPU provider has few fp16 kernels and adds casts around the "
     "rest, so fp16 speed on CPU says nothing about speed on a GPU"
 )
-
-
-@dataclass(frozen=True)
-class ValidateOptions:
-    inputs: str | None = None  # .npz or Polygraphy .json file, or a folder of either
-    save_inputs: str | None = None  # write generated batches here (.npz, Polygraphy's .json) before the runs
-    dims: dict = field(default_factory=dict)
-    ranges: dict = field(default_factory=dict)
-    batches: int = 1  # generated batches when no inputs are given
-    seed: int = 0
-    device: str = "auto"  # auto, cpu, cuda
-    numerics: str = "auto"  # auto, emulate, plain
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    speed: bool | None = None  # None: time the models where it means something (CUDA), not on CPU
-    iterations: int = 20
-    warmup: int = 3
-    class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
-    strict: bool = False  # a comparison that compares nothing (see `warnings`) fails
-    generate: int = 16  # causal LMs: tokens of greedy continuation to compare (0: none)
-    compare_padded: bool = False  # also compare the positions an attention mask marks as padding
 
 
 @dataclass(frozen=True)

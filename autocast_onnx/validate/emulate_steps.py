@@ -41,9 +41,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..catalog.compute import computes_in_fp32
-from ..catalog.loader import normalize_domain
 from ..dtypes import BFLOAT16, FLOAT16, float_to_bf16_bits, round_trip
 from ..graph import build_index
+from ..graph.domains import normalize_domain
 from ..rewrite.edit import Names, write_nodes
 
 MIN_OPSET = 9  # Erf, Where and Greater over floats: the ops the steps use

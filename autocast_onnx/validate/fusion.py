@@ -23,9 +23,9 @@ from pathlib import Path
 
 import onnx
 
-from ..catalog.loader import normalize_domain
 from ..dtypes import MIXABLE, dtype_name
 from ..graph import build_index
+from ..graph.domains import normalize_domain
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _QDQ_DOMAINS = frozenset({"", "com.microsoft"})  # after normalize_domain

@@ -40,11 +40,11 @@ def plan_on_data(
     PlanOptions) decides the plans the search tries. The result's fields go to
     `convert(..., calibration=, force_fp32=)`. `verdict(reference, converted) -> bool` (API
     only: a Python callable) judges each batch of the search beside the targets, or alone."""
-    from ..options import plan_options as _plan_options
     from ..pipeline import load_argument
+    from ..plan.options import plan_options as _plan_options
     from . import runner
-    from .core import ValidateOptions
     from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
+    from .options import ValidateOptions
 
     model = model_argument(model, "model")  # a path or a ModelProto: refused now if neither, before any work
     out = DataPlanning()
@@ -57,7 +57,7 @@ def plan_on_data(
     device, _ = runner.resolve_device(validation.device)
     goal = None
     if targets:
-        from ..options import parse_targets
+        from .options import parse_targets
 
         goal = parse_targets(targets).measured_as(validation.thresholds)
     elif verdict is not None:

@@ -1,29 +1,18 @@
-"""Options: one frozen object per concern, built the same way for every command from the
-configuration file (`[tool.autocast-onnx]` in pyproject.toml or an autocast-onnx.toml, see
-config.py) and the command-line flags or API arguments, which win. A list given on the command
-line replaces the configuration's list rather than extending it.
-
-  PlanOptions        what decides the precision plan: precision, rule files, keep_io_types,
-                     node and op selections (plan/options.py: one declaration per option, with
-                     its flag and configuration key). convert, explain, lint (what the rules
-                     protect) and check all plan with the same object, so they agree on every node.
-  ValidateOptions    inputs and thresholds of validation (validate/core.py defines it).
-  LintOptions        which checks run and what fails (lint/engine.py defines it).
-
-The CLI only collects flags and calls these builders; the Python API's keywords go through the
-same builders, and the objects travel whole to the stage that reads them.
-"""
+"""The validation options, declared beside validation: ValidateOptions (the inputs, thresholds,
+counts and choices of one comparison), the thresholds' bounds, and the builders that make them
+the same way for every command from the configuration file (`[tool.autocast-onnx]`, config.py)
+and the command-line flags or the Python API's keywords, which win (a list given on the command
+line replaces the configuration's). `--target` entries are read here too (parse_targets)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from .errors import AutocastError
-from .patterns import compile_patterns as compile_patterns  # the flags' regexes; re-exported
-from .patterns import shown
-from .plan.options import PlanOptions as PlanOptions  # declared beside the plan; re-exported
-from .plan.options import plan_options as plan_options
+from ..errors import AutocastError
+from ..patterns import shown
+from .metrics import Thresholds
 
 # Allowed values of each threshold (command line, configuration file and --target).
 THRESHOLD_BOUNDS = {
@@ -35,6 +24,26 @@ THRESHOLD_BOUNDS = {
     "map_threshold": (0.0, 1.0),
 }
 SEED_MAX = 2**32 - 1  # numpy seeds are unsigned 32-bit
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    inputs: str | None = None  # .npz or Polygraphy .json file, or a folder of either
+    save_inputs: str | None = None  # write generated batches here (.npz, Polygraphy's .json) before the runs
+    dims: dict = field(default_factory=dict)
+    ranges: dict = field(default_factory=dict)
+    batches: int = 1  # generated batches when no inputs are given
+    seed: int = 0
+    device: str = "auto"  # auto, cpu, cuda
+    numerics: str = "auto"  # auto, emulate, plain
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    speed: bool | None = None  # None: time the models where it means something (CUDA), not on CPU
+    iterations: int = 20
+    warmup: int = 3
+    class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
+    strict: bool = False  # a comparison that compares nothing (see `warnings`) fails
+    generate: int = 16  # causal LMs: tokens of greedy continuation to compare (0: none)
+    compare_padded: bool = False  # also compare the positions an attention mask marks as padding
 
 
 def check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
@@ -54,8 +63,7 @@ def validate_options(settings: dict | None = None, **flags):
     """ValidateOptions from configuration `settings` and the validation flags (the keyword names
     of the CLI's validation option group). Thresholds come from the flags, else the
     configuration, else the defaults."""
-    from .validate.core import ValidateOptions
-    from .validate.inputs import parse_assignments, parse_ranges
+    from .inputs import parse_assignments, parse_ranges
 
     settings = settings or {}
     thresholds = thresholds_from(settings, flags)
@@ -92,8 +100,6 @@ def thresholds_from(settings: dict, flags: dict, keywords: bool = False):
     default; an output's own limits (`--rtol NAME=X`, the configuration's `[outputs.NAME]`
     tables) beside them, a flag's winning over the file's for the same output and key. Errors
     name the flag, or with `keywords` the Python API's keyword (`rtol=`)."""
-    from .validate.metrics import Thresholds
-
     thresholds = Thresholds()
     per_output: dict = {name: dict(own) for name, own in (settings.get("outputs") or {}).items()}
     for key in THRESHOLD_BOUNDS:
@@ -246,7 +252,7 @@ def _assignments(given) -> list:
 
 def parse_targets(targets):
     """`--target` values (e.g. ["cosine=0.9999,top1=0.99"]) as Thresholds, range-checked."""
-    from .validate.search import parse_target
+    from .search import parse_target
 
     goal = parse_target(targets)
     keys = {"atol": "atol", "rtol": "rtol", "min_cosine": "cosine", "min_top1": "top1", "min_iou": "iou"}
@@ -255,39 +261,3 @@ def parse_targets(targets):
         if value is not None:
             check_threshold(key, value, "--target", "e.g. --target cosine=0.9999,top1=0.99", f"{name}=")
     return goal
-
-
-def lint_options(
-    settings: dict | None = None,
-    *,
-    select=(),
-    ignore=(),
-    fail_on=None,
-    plan: PlanOptions | None = None,
-    precision_given: bool = True,
-):
-    """LintOptions from configuration `settings`, the lint flags and the plan options (the rules
-    and selections that decide which findings the default conversion protects). With
-    `precision_given` false an fp32 model is linted against the plan's precision only as a default."""
-    from .diagnostics import SEVERITIES
-    from .lint.engine import LintOptions, Suppression
-
-    settings = settings or {}
-    plan = plan or plan_options(settings)
-    if fail_on is not None and fail_on not in SEVERITIES:
-        raise AutocastError(
-            f"--fail-on must be one of {', '.join(SEVERITIES)}, not {shown(fail_on)}", "--fail-on", "fix it"
-        )
-    suppress = [
-        Suppression(code=e["code"], node=e.get("node", ".*"), source=settings.get("_source", "config"))
-        for e in settings.get("suppress", [])
-    ]
-    return LintOptions(
-        select=list(select) or settings.get("select", ["AC"]),
-        ignore=list(ignore) or settings.get("ignore", []),
-        fail_on=fail_on or settings.get("fail_on", "error"),
-        precision=plan.target.value if precision_given else None,
-        suppress=suppress,
-        rules=list(plan.rules),
-        plan=plan,
-    )
