@@ -13,7 +13,8 @@ import autocast_onnx
 from autocast_onnx import AutocastError
 from autocast_onnx.validate import calibrate as calib
 from autocast_onnx.validate.calibrate import calibrate
-from autocast_onnx.validate.search import parse_target, search
+from autocast_onnx.validate.options import parse_target
+from autocast_onnx.validate.search import search
 
 RNG = np.random.default_rng(0)
 

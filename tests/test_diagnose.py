@@ -121,7 +121,8 @@ def test_cli_and_api_write_text_json_and_html(tmp_path):
 
 
 def test_target_search_keeps_the_offender_not_its_harmless_neighbours():
-    from autocast_onnx.validate.search import parse_target, search
+    from autocast_onnx.validate.options import parse_target
+    from autocast_onnx.validate.search import search
 
     ref = offset_model()
     forced, log = search(ref, [batch(0), batch(1)], {"precision": "fp16"}, parse_target(["rtol=0.01"]))
@@ -161,7 +162,8 @@ def test_the_plan_records_the_target_search(tmp_path):
 
 
 def test_the_search_bar_shows_the_best_passing_set_so_far():
-    from autocast_onnx.validate.search import parse_target, search
+    from autocast_onnx.validate.options import parse_target
+    from autocast_onnx.validate.search import search
 
     labels, updates = [], []
 

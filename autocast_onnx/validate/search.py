@@ -43,38 +43,7 @@ from . import runner
 from .emulate import emulation_model
 from .masks import Padding
 from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, search_error, verdict
-
-TARGET_KEYS = {
-    "atol": "atol",
-    "rtol": "rtol",
-    "cosine": "min_cosine",
-    "min_cosine": "min_cosine",
-    "top1": "min_top1",
-    "min_top1": "min_top1",
-    "iou": "min_iou",
-    "min_iou": "min_iou",
-}
-
-
-def parse_target(items) -> Thresholds:
-    """`atol=1e-3,top1=0.99,iou=0.99` (repeatable) -> Thresholds with only those set: the
-    verdict's own metrics (metrics.verdict), so the search keeps fp32 what the verdict needs."""
-    found = Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None, min_iou=None)
-    parts = [p for item in items for p in item.split(",") if p.strip()]
-    if not parts:
-        raise AutocastError("--target needs at least one KEY=VALUE", "--target", "e.g. --target cosine=0.9999")
-    for part in parts:
-        key, _, value = part.partition("=")
-        key = key.strip().lower().replace("-", "_")
-        if key not in TARGET_KEYS or not value:
-            raise AutocastError(
-                f"bad --target entry {part!r}", "--target", "use atol=, rtol=, cosine=, top1= or iou= with a number"
-            )
-        try:
-            setattr(found, TARGET_KEYS[key], float(value))
-        except ValueError:
-            raise AutocastError(f"bad number in --target {part!r}", "--target", "e.g. cosine=0.9999") from None
-    return found
+from .options import TARGET_KEYS
 
 
 class _Evaluator:
