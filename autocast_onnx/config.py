@@ -18,14 +18,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from .catalog.loader import read_toml
+from .catalog.runtimes import RUNTIME_CHOICES
 from .diagnostics import SEVERITIES
 from .errors import AutocastError
 from .patterns import shown
 from .plan.options import planning_fields
+from .validate.metrics import THRESHOLDS
+from .validate.options import config_keys
 
-VALIDATE_KEYS = ("atol", "rtol", "min_cosine", "min_top1", "min_iou", "map_threshold")
-COMPARE_KEYS = ("outputs", "compare_padded")  # an output's own thresholds; compare padded positions too
-RUN_KEYS = ("speed", "iterations", "warmup", "batches")  # how validation runs: speed and generated batches
+VALIDATE_KEYS = THRESHOLDS  # validate's thresholds, as validate/metrics.py declares them
+# an output's own thresholds, then what else validation compares (compare padded positions too)
+COMPARE_KEYS = ("outputs", *config_keys("compare"))
+RUN_KEYS = config_keys("run")  # how validation runs: speed and generated batches (ValidateOptions' fields)
 LINT_KEYS = ("select", "ignore", "fail_on", "suppress")
 REPORT_KEYS = ("gpu",)  # the GPU of convert's latency estimate (roofline/gpus.json)
 # the planning options that have a key, as PlanOptions declares them (plan/options.py)
@@ -114,8 +118,9 @@ def _checked(norm: str, key: str, value, where: str, path: Path):
                 f"{key} must be a whole number (an opset, e.g. 22), not {shown(value)}", where, "fix the value"
             )
     elif norm == "runtime":
-        if not isinstance(value, str) or value not in ("cuda", "tensorrt", "dml", "any"):
-            raise AutocastError(f"{key} must be cuda, tensorrt, dml or any, not {shown(value)}", where, "fix the value")
+        if not isinstance(value, str) or value not in RUNTIME_CHOICES:
+            allowed = ", ".join(RUNTIME_CHOICES[:-1]) + " or " + RUNTIME_CHOICES[-1]
+            raise AutocastError(f"{key} must be {allowed}, not {shown(value)}", where, "fix the value")
     elif norm in ("keep_io_types", "precise"):
         if not isinstance(value, bool):
             raise AutocastError(f"{key} must be true or false, not {shown(value)}", where, "fix the value")

@@ -24,8 +24,8 @@ from onnx import TensorProto
 
 from ..errors import AutocastError
 from ..graph.domains import normalize_domain
+from .runtimes import RUNTIMES
 
-RUNTIMES = ("cuda", "tensorrt", "dml")
 _LOW_NAMES: dict[int, str] = {int(TensorProto.FLOAT16): "float16", int(TensorProto.BFLOAT16): "bfloat16"}
 
 

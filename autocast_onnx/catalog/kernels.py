@@ -18,8 +18,8 @@ from ..dtypes import dtype_name
 from ..errors import AutocastError
 from ..graph import signatures
 from ..graph.domains import normalize_domain
+from .runtimes import RUNTIMES
 
-RUNTIMES = ("cuda", "tensorrt", "dml")
 _FLOATS = {"float", "double", "float16", "bfloat16"}
 
 

@@ -96,7 +96,9 @@ class LintContext:
         from ..rewrite.provenance import read
 
         recorded = (read(self.model) or {}).get("runtime")
-        return recorded if recorded in ("cuda", "tensorrt", "dml") else "any"
+        from ..catalog.runtimes import ANY, RUNTIMES
+
+        return recorded if recorded in RUNTIMES else ANY
 
     def training(self):
         """The model's training-graph recognition (graph/training.py), once per context."""

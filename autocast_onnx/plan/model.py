@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
+from ..catalog.runtimes import RUNTIME_CHOICES as KERNELS
 from ..errors import AutocastError, printable_lines
 from .vocab import Category, Paint, PortRole, Precision, Seed
 
@@ -616,9 +617,6 @@ def plan_from_dict(data, where: str) -> PrecisionPlan:
     plan.opset = _checked_opset(data.get("opset"), where)
     plan.rule_sha256 = _checked_digests(data.get("rule_sha256", []), plan.rule_files, where)
     return plan
-
-
-KERNELS = ("cuda", "tensorrt", "dml", "any")
 
 
 def _checked_kernels(kernels: str, where: str) -> str:

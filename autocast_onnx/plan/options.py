@@ -21,6 +21,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 
 from ..catalog.loader import check_op_type
+from ..catalog.runtimes import RUNTIME_CHOICES
 from ..errors import AutocastError
 from ..patterns import compile_patterns
 from .vocab import Precision
@@ -108,7 +109,6 @@ class PlanOptions:
         return bool(self.exclude_ops or self.include_ops or self.exclude_nodes or self.include_nodes)
 
 
-RUNTIME_CHOICES = ("cuda", "tensorrt", "dml", "any")  # --runtime: the kernel tables' runtimes, and any
 DEFAULT_RUNTIME = "cuda"  # the runtime a plan is made for without --runtime: ONNX Runtime's CUDA provider
 
 

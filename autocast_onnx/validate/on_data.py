@@ -61,9 +61,9 @@ def plan_on_data(
 
         goal = parse_targets(targets).measured_as(validation.thresholds)
     elif verdict is not None:
-        from .search import no_limits
+        from .metrics import Thresholds
 
-        goal = no_limits().measured_as(validation.thresholds)
+        goal = Thresholds.unset().measured_as(validation.thresholds)
     # every input is checked (headers only) before any long run starts
     if calibration_data is not None:
         check_batches(calibration_data, specs)

@@ -8,42 +8,78 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 
 from ..errors import AutocastError
 from ..patterns import shown
-from .metrics import Thresholds
+from .metrics import THRESHOLDS, Thresholds, threshold_fields
 
-# Allowed values of each threshold (command line, configuration file and --target).
-THRESHOLD_BOUNDS = {
-    "atol": (0.0, math.inf),
-    "rtol": (0.0, math.inf),
-    "min_cosine": (-1.0, 1.0),
-    "min_top1": (0.0, 1.0),
-    "min_iou": (0.0, 1.0),
-    "map_threshold": (0.0, 1.0),
-}
+# Allowed values of each threshold (command line, configuration file and --target): its field's.
+THRESHOLD_BOUNDS = {f.name: f.metadata["bounds"] for f in threshold_fields()}
 SEED_MAX = 2**32 - 1  # numpy seeds are unsigned 32-bit
+
+
+def _option(*, flag: str, key: str | None = None, count=None, choices=None, section=None) -> dict:
+    """A validation option's field metadata, what the surfaces read from it: `flag` (its
+    command-line flag), `key` (its configuration key; None: none) and the `section` of the
+    configuration it belongs to ("run": how validation runs, "compare": what it compares), `count`
+    ((lowest, highest): a whole number in that range) or `choices` (the first is the default)."""
+    return {"flag": flag, "key": key, "count": count, "choices": choices, "section": section}
 
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    inputs: str | None = None  # .npz or Polygraphy .json file, or a folder of either
-    save_inputs: str | None = None  # write generated batches here (.npz, Polygraphy's .json) before the runs
-    dims: dict = field(default_factory=dict)
-    ranges: dict = field(default_factory=dict)
-    batches: int = 1  # generated batches when no inputs are given
-    seed: int = 0
-    device: str = "auto"  # auto, cpu, cuda
-    numerics: str = "auto"  # auto, emulate, plain
+    """The inputs, thresholds, counts and choices of one comparison, one field per option: a new
+    validation option is one field here, with its metadata (_option), plus the code that reads it;
+    the thresholds are Thresholds' fields (metrics.py)."""
+
+    # .npz or Polygraphy .json file, or a folder of either
+    inputs: str | None = field(default=None, metadata=_option(flag="--inputs"))
+    # write generated batches here (.npz, Polygraphy's .json) before the runs
+    save_inputs: str | None = field(default=None, metadata=_option(flag="--save-inputs"))
+    dims: dict = field(default_factory=dict, metadata=_option(flag="--dim"))
+    ranges: dict = field(default_factory=dict, metadata=_option(flag="--input-range"))
+    seed: int = field(default=0, metadata=_option(flag="--seed", count=(0, SEED_MAX)))
+    device: str = field(default="auto", metadata=_option(flag="--device", choices=("auto", "cpu", "cuda")))
+    numerics: str = field(default="auto", metadata=_option(flag="--numerics", choices=("auto", "emulate", "plain")))
     thresholds: Thresholds = field(default_factory=Thresholds)
-    speed: bool | None = None  # None: time the models where it means something (CUDA), not on CPU
-    iterations: int = 20
-    warmup: int = 3
-    class_outputs: list = field(default_factory=list)  # outputs to score top-1/top-k on, by name
-    strict: bool = False  # a comparison that compares nothing (see `warnings`) fails
-    generate: int = 16  # causal LMs: tokens of greedy continuation to compare (0: none)
-    compare_padded: bool = False  # also compare the positions an attention mask marks as padding
+    # None: time the models where it means something (CUDA), not on CPU
+    speed: bool | None = field(default=None, metadata=_option(flag="--speed", key="speed", section="run"))
+    iterations: int = field(
+        default=20, metadata=_option(flag="--iterations", key="iterations", count=(1, 1_000_000), section="run")
+    )
+    warmup: int = field(default=3, metadata=_option(flag="--warmup", key="warmup", count=(0, 100_000), section="run"))
+    # generated batches when no inputs are given
+    batches: int = field(default=1, metadata=_option(flag="--batches", key="batches", count=(1, 10_000), section="run"))
+    # outputs to score top-1/top-k on, by name
+    class_outputs: list = field(default_factory=list, metadata=_option(flag="--class-output"))
+    strict: bool = field(
+        default=False, metadata=_option(flag="--strict")
+    )  # a comparison that compares nothing (see `warnings`) fails
+    # causal LMs: tokens of greedy continuation to compare (0: none)
+    generate: int = field(default=16, metadata=_option(flag="--generate", count=(0, 1024)))
+    # also compare the positions an attention mask marks as padding
+    compare_padded: bool = field(
+        default=False, metadata=_option(flag="--compare-padded", key="compare_padded", section="compare")
+    )
+
+
+def option_fields() -> tuple[Field, ...]:
+    """The fields of ValidateOptions that are options (each with its metadata: _option)."""
+    return tuple(f for f in fields(ValidateOptions) if "flag" in f.metadata)
+
+
+def config_keys(section: str) -> tuple[str, ...]:
+    """The configuration keys of the options of one section ("run", "compare"), in field order."""
+    return tuple(f.metadata["key"] for f in option_fields() if f.metadata["section"] == section)
+
+
+# The validation options' whole numbers (default, lowest, highest) and choices (the first is the
+# default), as their fields declare them: the command line's click types hold its flags to the same.
+COUNTS = {
+    f.name: (f.default, *f.metadata["count"]) for f in option_fields() if f.metadata["count"] and f.name != "seed"
+}
+CHOICES = {f.name: f.metadata["choices"] for f in option_fields() if f.metadata["choices"]}
 
 
 def check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
@@ -102,7 +138,7 @@ def thresholds_from(settings: dict, flags: dict, keywords: bool = False):
     name the flag, or with `keywords` the Python API's keyword (`rtol=`)."""
     thresholds = Thresholds()
     per_output: dict = {name: dict(own) for name, own in (settings.get("outputs") or {}).items()}
-    for key in THRESHOLD_BOUNDS:
+    for key in THRESHOLDS:
         flag = key + "=" if keywords else "--" + key.replace("_", "-")
         value, own = _threshold_values(key, flags.get(key), flag)
         if value is None:
@@ -177,17 +213,6 @@ def _flag(key: str, flags: dict, settings: dict) -> bool:
     return value
 
 
-# The validation options' whole numbers (default, lowest, highest) and choices (the first is the
-# default): the command line's click types hold its flags to the same.
-COUNTS = {
-    "batches": (1, 1, 10_000),
-    "iterations": (20, 1, 1_000_000),
-    "warmup": (3, 0, 100_000),
-    "generate": (16, 0, 1024),
-}
-CHOICES = {"device": ("auto", "cpu", "cuda"), "numerics": ("auto", "emulate", "plain")}
-
-
 def _count(key: str, flags: dict, settings: dict | None = None) -> int:
     """A validation count (COUNTS) from the flags, else the configuration (`settings`, already
     checked by config.py), else its default; a bad flag is an AutocastError naming it."""
@@ -250,22 +275,15 @@ def _assignments(given) -> list:
     ]
 
 
-TARGET_KEYS = {
-    "atol": "atol",
-    "rtol": "rtol",
-    "cosine": "min_cosine",
-    "min_cosine": "min_cosine",
-    "top1": "min_top1",
-    "min_top1": "min_top1",
-    "iou": "min_iou",
-    "min_iou": "min_iou",
-}
+# `--target KEY=X`: each threshold a target sets, by its target name and by its own name
+TARGET_NAMES = {f.name: f.metadata["target"] for f in threshold_fields() if f.metadata["target"]}
+TARGET_KEYS = {key: name for name, alias in TARGET_NAMES.items() for key in dict.fromkeys((alias, name))}
 
 
 def parse_target(items) -> Thresholds:
     """`atol=1e-3,top1=0.99,iou=0.99` (repeatable) -> Thresholds with only those set: the
     verdict's own metrics (metrics.verdict), so the search keeps fp32 what the verdict needs."""
-    found = Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None, min_iou=None)
+    found = Thresholds.unset()
     parts = [p for item in items for p in item.split(",") if p.strip()]
     if not parts:
         raise AutocastError("--target needs at least one KEY=VALUE", "--target", "e.g. --target cosine=0.9999")
@@ -273,9 +291,7 @@ def parse_target(items) -> Thresholds:
         key, _, value = part.partition("=")
         key = key.strip().lower().replace("-", "_")
         if key not in TARGET_KEYS or not value:
-            raise AutocastError(
-                f"bad --target entry {part!r}", "--target", "use atol=, rtol=, cosine=, top1= or iou= with a number"
-            )
+            raise AutocastError(f"bad --target entry {part!r}", "--target", f"use {_target_choices()} with a number")
         try:
             setattr(found, TARGET_KEYS[key], float(value))
         except ValueError:
@@ -283,11 +299,16 @@ def parse_target(items) -> Thresholds:
     return found
 
 
+def _target_choices() -> str:
+    """The target names as `atol=, rtol=, ... or iou=`."""
+    names = [f"{alias}=" for alias in TARGET_NAMES.values()]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def parse_targets(targets):
     """`--target` values (e.g. ["cosine=0.9999,top1=0.99"]) as Thresholds, range-checked."""
     goal = parse_target(targets)
-    keys = {"atol": "atol", "rtol": "rtol", "min_cosine": "cosine", "min_top1": "top1", "min_iou": "iou"}
-    for key, name in keys.items():
+    for key, name in TARGET_NAMES.items():
         value = getattr(goal, key)
         if value is not None:
             check_threshold(key, value, "--target", "e.g. --target cosine=0.9999,top1=0.99", f"{name}=")

@@ -43,7 +43,7 @@ from . import runner
 from .emulate import emulation_model
 from .masks import Padding
 from .metrics import RELATIVE_FLOOR, OutputStats, Thresholds, search_error, verdict
-from .options import TARGET_KEYS
+from .options import TARGET_NAMES
 
 
 class _Evaluator:
@@ -124,16 +124,12 @@ class _Evaluator:
         return not failures, failures, error
 
 
-def no_limits() -> Thresholds:
-    """A target that sets no threshold: a search judged by a verdict callback alone."""
-    return Thresholds(atol=None, rtol=None, min_cosine=None, min_top1=None, min_iou=None)
-
-
 def judged_by(target: Thresholds, callback) -> list[str]:
     """What decides that a conversion passes: each threshold the target sets (`rtol=0.01`), and
     the caller's verdict callback where there is one."""
-    names = {v: k for k, v in TARGET_KEYS.items() if k in ("atol", "rtol", "cosine", "top1", "iou")}
-    out = [f"{names[key]}={getattr(target, key):g}" for key in names if getattr(target, key) is not None]
+    out = [
+        f"{alias}={getattr(target, key):g}" for key, alias in TARGET_NAMES.items() if getattr(target, key) is not None
+    ]
     return out + (["the verdict callback"] if callback is not None else [])
 
 
