@@ -8,8 +8,8 @@ The CLI runs in process (bad_input_helpers.invoke); one small model is written o
 from __future__ import annotations
 
 import copy
+import cProfile
 import json
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -35,6 +35,18 @@ def replay(model_path, data, folder, raw: str | None = None):
     plan = folder / "edited.json"
     plan.write_text(raw if raw is not None else json.dumps(data))
     return invoke(["convert", model_path, "-o", folder / "o.onnx", "--plan", plan, "-q"])
+
+
+def counted_replay(model_path, data, folder):
+    """(replay's Outcome, the Python function calls it made): a measure of its work that does not
+    move with the machine's speed, as a time would (no test here reads a clock)."""
+    profile = cProfile.Profile(builtins=False)
+    profile.enable()
+    try:
+        out = replay(model_path, data, folder)
+    finally:
+        profile.disable()
+    return out, sum(entry.callcount for entry in profile.getstats())
 
 
 def node(data, name):
@@ -322,7 +334,10 @@ def test_every_field_of_a_real_plan_mutated_is_accepted_or_refused_in_one_line(s
     """Each key path of a plan written by --plan-out, replaced by a value of each JSON type and
     deleted: exit 0 (still a valid plan) or exit 2 with one line, never exit 3 or a traceback.
     Replacing a field replay reads (version, target, keep_io_types, the fingerprint, the nodes'
-    ids, names, op types, graphs, precisions and roles) by another type is always refused."""
+    ids, names, op types, graphs, precisions and roles) by another type is always refused. And no
+    mutation costs more than replaying the plan as written: each run makes at most 5% more Python
+    calls than the unmutated replay (measured: 7.5k calls unmutated, at most 8 more mutated; a
+    replay that also validated its result makes 1.1k more, one that planned afresh 14k more)."""
     path, data, folder = small
     # every optional entry present, so that its fields are mutated too
     data["low_precision_io"] = ["x"]
@@ -330,10 +345,16 @@ def test_every_field_of_a_real_plan_mutated_is_accepted_or_refused_in_one_line(s
     data["clamp_initializers"] = {"w1": "forced low by a rule"}
     data["search"] = {"kept": [], "passed": True}
     data["nodes"][1]["fp32_inputs"] = [0]
-    assert_ok(replay(path, data, folder))
+    assert_ok(replay(path, data, folder))  # the first replay in this process fills caches
+    unmutated = []
+    for _ in range(2):
+        out, work = counted_replay(path, data, folder)
+        assert_ok(out)
+        unmutated.append(work)
+    most = 1.05 * max(unmutated)
     read = {"version", "target", "keep_io_types", "model_fingerprint", "nodes"}
     read_in_node = {"id", "name", "op_type", "domain", "graph", "category", "precision", "roles_in", "roles_out"}
-    start, runs = time.perf_counter(), 0
+    runs, costly = 0, []
     for key_path in list(key_paths(data)):
         parent = data
         for key in key_path[:-1]:
@@ -342,9 +363,11 @@ def test_every_field_of_a_real_plan_mutated_is_accepted_or_refused_in_one_line(s
         variants = [(new, False) for new in OTHER_VALUES if type(new) is not type(value) or new != value]
         variants.append((None, True))
         for new, delete in variants:
-            out = replay(path, mutated(data, key_path, new, delete), folder)
+            out, work = counted_replay(path, mutated(data, key_path, new, delete), folder)
             runs += 1
             where = (key_path, "deleted" if delete else new)
+            if work > most:
+                costly.append((where, work))
             assert out.code in (0, 2), (where, out.code, out.stderr)
             if out.code == 2:
                 assert_one_error(out)
@@ -356,7 +379,7 @@ def test_every_field_of_a_real_plan_mutated_is_accepted_or_refused_in_one_line(s
             if is_read and (delete or type(new) is not type(value)):
                 assert out.code == 2, where
     assert runs > 300
-    assert time.perf_counter() - start < 15
+    assert costly == [], (unmutated, costly)
 
 
 def test_every_field_of_a_training_entry_mutated_is_accepted_or_refused_in_one_line(tmp_path):
