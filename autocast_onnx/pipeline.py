@@ -228,6 +228,26 @@ def convert(
     t0 = time.perf_counter()
     loaded = load_argument(model, copy)
     timings["load"] = time.perf_counter() - t0
+    return _convert_from(
+        loaded, model, copy, timings, options, check, calibration, force_fp32, plan, loss_scale, dims, gpu
+    )
+
+
+def convert_checked(model: onnx.ModelProto, *, options: PlanOptions, check: str = "none", **stages) -> ConversionResult:
+    """convert() of a model that its caller loaded and checked already (load_argument) and
+    converts again and again, as the accuracy search does: a copy of it converted without reading
+    or checking it again. `stages` are convert's calibration, force_fp32, plan, loss_scale, dims
+    and gpu."""
+    t0 = time.perf_counter()
+    loaded = LoadedModel(model=_copy_model(model), path=None, file_bytes=0)
+    timings = {"load": time.perf_counter() - t0}
+    keys = ("calibration", "force_fp32", "plan", "loss_scale", "dims", "gpu")
+    return _convert_from(loaded, model, True, timings, options, check, *(stages.get(k) for k in keys))
+
+
+def _convert_from(loaded, model, copy, timings, options, check, calibration, force_fp32, plan, loss_scale, dims, gpu):
+    """The conversion of a loaded model (convert's, after the load): the result, its GPU named; an
+    internal failure first blames the input as given (`model`, when the conversion did not edit it)."""
     try:
         result = _convert_loaded(
             loaded,

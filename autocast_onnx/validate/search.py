@@ -60,12 +60,15 @@ class _Evaluator:
         padding: Padding | None = None,
         callback=None,
     ):
-        from ..pipeline import convert
+        from ..pipeline import convert_checked, load_argument
+        from ..plan.options import plan_options_in
 
-        self._convert = convert
-        self.model = model
+        self._convert = convert_checked
+        self.model = load_argument(model, True).model  # read and checked once, converted many times
         self.batches = batches
-        self.options = convert_options
+        # the planning options made once (a PlanOptions as options=, or planning keywords), the
+        # conversion's other keywords (calibration, gpu) beside them
+        self.plan_options, self.stages = plan_options_in(convert_options, "search")
         self.target = target
         ref = runner.session(model.SerializeToString(), device)
         self.names = [o.name for o in ref.get_outputs()]
@@ -87,7 +90,7 @@ class _Evaluator:
                     )
 
     def convert(self, forced: dict):
-        return self._convert(self.model, check="none", force_fp32=forced, **self.options)
+        return self._convert(self.model, options=self.plan_options, force_fp32=forced, **self.stages)
 
     def passes(self, forced: dict) -> tuple[bool, list]:
         ok, failures, _ = self.measure(forced)
