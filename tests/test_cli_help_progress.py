@@ -12,8 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 import autocast_onnx
-from autocast_onnx.cli import main as cli_main
-from autocast_onnx.cli.main import OPTION_GROUPS, cli
+from autocast_onnx.cli import convert as cli_convert
+from autocast_onnx.cli import groups as cli_groups
+from autocast_onnx.cli import validate as cli_validate
+from autocast_onnx.cli.app import OPTION_GROUPS
+from autocast_onnx.cli.main import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 RESNET = ROOT / "examples" / "models" / "resnet_tiny.onnx"
@@ -60,10 +63,10 @@ def test_long_stages_say_so_in_one_line_without_a_terminal(tmp_path, monkeypatch
     autocast_onnx.convert_file(RESNET, conv)
     # quick stages stay quiet: with the threshold out of reach, whatever this machine's speed (a busy
     # 2-core runner once took 1.1 s to load the two models, over the real 1.0 s threshold)
-    monkeypatch.setattr(cli_main, "LONG_STAGE_S", math.inf)
+    monkeypatch.setattr(cli_groups, "LONG_STAGE_S", math.inf)
     quick = invoke("validate", RESNET, conv, "--iterations", "2", "--warmup", "0")
     assert quick.exit_code == 0 and quick.stderr == ""
-    monkeypatch.setattr(cli_main, "LONG_STAGE_S", 0.0)
+    monkeypatch.setattr(cli_groups, "LONG_STAGE_S", 0.0)
     slow = invoke("validate", RESNET, conv, "--speed", "--iterations", "2", "--warmup", "0", "--batches", "2")
     lines = slow.stderr.splitlines()
     assert [line.split(":")[0] for line in lines] == [
@@ -77,9 +80,10 @@ def test_long_stages_say_so_in_one_line_without_a_terminal(tmp_path, monkeypatch
 def test_quiet_prints_nothing_on_a_terminal_either(tmp_path, monkeypatch):
     conv = tmp_path / "r16.onnx"
     autocast_onnx.convert_file(RESNET, conv)
-    monkeypatch.setattr(cli_main, "LONG_STAGE_S", 0.0)
+    monkeypatch.setattr(cli_groups, "LONG_STAGE_S", 0.0)
     shown = []
-    monkeypatch.setattr(cli_main, "_progress", lambda label, total: shown.append(label))
+    for module in (cli_validate, cli_convert):  # where the commands look _progress up
+        monkeypatch.setattr(module, "_progress", lambda label, total: shown.append(label))
     result = invoke("validate", RESNET, conv, "--iterations", "2", "--warmup", "0", "--batches", "2", "-q")
     assert result.exit_code == 0 and result.output == "" and shown == []
     out = tmp_path / "o.onnx"
@@ -89,8 +93,8 @@ def test_quiet_prints_nothing_on_a_terminal_either(tmp_path, monkeypatch):
 
 def test_progress_bar_on_a_terminal(monkeypatch, capsys):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    assert cli_main._progress("one step", 1) is None  # nothing moves in one step
-    bar = cli_main._progress("comparing outputs on 3 batch(es)", 3)
+    assert cli_groups._progress("one step", 1) is None  # nothing moves in one step
+    bar = cli_groups._progress("comparing outputs on 3 batch(es)", 3)
     bar.update(3)
     bar.finish()
     assert "comparing outputs on 3 batch(es)" in capsys.readouterr().err

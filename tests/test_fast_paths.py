@@ -181,6 +181,7 @@ def test_the_console_entry_exits_with_the_commands_code(tmp_path):
 def test_the_console_entry_keeps_the_result_until_the_exit_and_main_keeps_nothing(tmp_path, monkeypatch):
     """run() ends with os._exit, so the conversion's result is kept rather than freed object by
     object when the command returns; main() (tests, callers) keeps nothing between calls."""
+    from autocast_onnx.cli import guard
     from autocast_onnx.cli import main as cli
     from autocast_onnx.pipeline import ConversionResult
 
@@ -197,7 +198,7 @@ def test_the_console_entry_keeps_the_result_until_the_exit_and_main_keeps_nothin
     def no_exit(code):
         raise Exited(code)
 
-    monkeypatch.setattr(cli, "_KEPT_UNTIL_EXIT", None)
+    monkeypatch.setattr(guard, "_KEPT_UNTIL_EXIT", None)
     monkeypatch.setattr(cli.os, "_exit", no_exit)
     monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # pytest's handlers stay open
     monkeypatch.setattr(
@@ -206,14 +207,14 @@ def test_the_console_entry_keeps_the_result_until_the_exit_and_main_keeps_nothin
     with pytest.raises(Exited) as exited:
         cli.run()
     assert exited.value.args == (0,)
-    kept = cli._KEPT_UNTIL_EXIT
+    kept = guard._KEPT_UNTIL_EXIT
     assert [type(obj) for obj in kept] == [ConversionResult]
     assert [n.op_type for n in kept[0].model.graph.node].count("Cast") >= 1
 
-    monkeypatch.setattr(cli, "_KEPT_UNTIL_EXIT", None)
+    monkeypatch.setattr(guard, "_KEPT_UNTIL_EXIT", None)
     with pytest.raises(SystemExit) as done:
         cli.main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "b.onnx"), "-q"])
-    assert done.value.code == 0 and cli._KEPT_UNTIL_EXIT is None
+    assert done.value.code == 0 and guard._KEPT_UNTIL_EXIT is None
     assert (tmp_path / "b.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes()
 
 

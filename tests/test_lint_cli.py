@@ -888,7 +888,7 @@ def test_statistics_exit_zero_and_the_output_format_alias(masked, resnet16):
 
 
 def test_colour_only_when_asked_for(masked, monkeypatch):
-    from autocast_onnx.cli.main import _colour
+    from autocast_onnx.cli.lint import _colour
     from autocast_onnx.lint import lint as run_lint
     from autocast_onnx.lint.report import lint_text
 

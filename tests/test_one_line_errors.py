@@ -157,7 +157,7 @@ def test_emulate_warning_is_one_line(tmp_path):
 
 
 def test_verbose_log_records_are_one_line():
-    from autocast_onnx.cli.main import _OneLineFormatter
+    from autocast_onnx.cli.groups import _OneLineFormatter
 
     record = logging.LogRecord("autocast_onnx.x", logging.INFO, __file__, 1, "output %r is %s", ("o", "a\nb\x1b"), None)
     assert _OneLineFormatter("autocast-onnx: %(name)s: %(message)s").format(record) == (
