@@ -292,7 +292,9 @@ def _refuse_without_effect(validation: dict, skip_validate: bool) -> None:
             None,
             "drop them or run the validation",
         )
-    generating = [name for name in ("dims", "ranges", "batches", "seed") if name in given]
+    from .validate.options import GENERATING
+
+    generating = [name for name in GENERATING if name in given]
     if validation["inputs"] is not None and generating:
         raise AutocastError(
             f"{'=, '.join(generating)}= {'has' if len(generating) == 1 else 'have'} no effect with inputs= "

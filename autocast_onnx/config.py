@@ -23,8 +23,8 @@ from .diagnostics import SEVERITIES
 from .errors import AutocastError
 from .patterns import shown
 from .plan.options import planning_fields
-from .validate.metrics import THRESHOLDS
 from .validate.options import config_keys
+from .validate.thresholds import THRESHOLDS
 
 VALIDATE_KEYS = THRESHOLDS  # validate's thresholds, as validate/metrics.py declares them
 # an output's own thresholds, then what else validation compares (compare padded positions too)
@@ -185,9 +185,9 @@ def _check_suppress(key: str, value, where: str) -> None:
 
 def _checked_outputs(key: str, value, where: str) -> dict:
     """`[outputs.NAME]` tables: output name -> {threshold: number}, the keys those of
-    metrics.PER_OUTPUT_KEYS (hyphens or underscores), each value range-checked."""
-    from .validate.metrics import PER_OUTPUT_KEYS
+    thresholds.PER_OUTPUT_KEYS (hyphens or underscores), each value range-checked."""
     from .validate.options import check_threshold
+    from .validate.thresholds import PER_OUTPUT_KEYS
 
     allowed = ", ".join(k.replace("_", "-") for k in PER_OUTPUT_KEYS)
     example = f"[{key}.prob_map] min-iou = 0.98"

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from ..validate.thresholds import THRESHOLDS
 from .groups import _echo
 
 # --help lists a command's options in these named groups, in this order (by parameter name)
@@ -47,12 +48,7 @@ OPTION_GROUPS = (
     (
         "Accuracy thresholds",
         (
-            "atol",
-            "rtol",
-            "min_cosine",
-            "min_top1",
-            "min_iou",
-            "map_threshold",
+            *THRESHOLDS,  # validate/thresholds.py
             "compare_padded",
             "class_outputs",
             "generate",

@@ -14,6 +14,8 @@ from pathlib import Path
 import click
 
 from ..errors import AutocastError, one_line, printable_text
+from ..validate.options import CHOICES, COUNTS, GENERATING, SEED_MAX
+from ..validate.thresholds import threshold_fields
 from .guard import _FOLDER_SPELLINGS, _say
 
 
@@ -52,8 +54,11 @@ class _TextType(click.ParamType):
 
 PATH = _PathType(path_type=Path)
 TEXT = _TextType()
-MAX_BATCHES, MAX_ITERATIONS, MAX_WARMUP = 10_000, 1_000_000, 100_000
-MAX_GENERATE = 1024  # tokens of greedy continuation: beyond a small model's positions ONNX Runtime says so
+# the validation counts' highest values, as ValidateOptions' fields declare them (validate/options.py)
+MAX_BATCHES, MAX_ITERATIONS, MAX_WARMUP = (COUNTS[key][2] for key in ("batches", "iterations", "warmup"))
+MAX_GENERATE = COUNTS["generate"][
+    2
+]  # tokens of greedy continuation: beyond a small model's positions ONNX Runtime says so
 
 
 # ---- option groups (each owns its options; commands stack the groups they need) ----------------
@@ -260,7 +265,7 @@ def _refuse_generation_with_inputs(ctx, kw) -> None:
     if kw.get("inputs") is not None:
         _refuse_unused(
             ctx,
-            ("dims", "ranges", "batches", "seed"),
+            GENERATING,
             "with --inputs (the arrays' own shapes and values are used)",
             "drop them, or drop --inputs to generate inputs",
         )
@@ -293,7 +298,7 @@ def input_options_group(
         ),
         click.option(
             "--seed",
-            type=click.IntRange(0, 2**32 - 1),
+            type=click.IntRange(0, SEED_MAX),
             default=0,
             show_default=True,
             help="Seed for generated inputs (0 to 2**32-1).",
@@ -306,7 +311,7 @@ def input_options_group(
                 "--batches",
                 type=click.IntRange(1, MAX_BATCHES),
                 default=None,
-                help="Generated batches when no --inputs [default: 1, or the configuration's].",
+                help=f"Generated batches when no --inputs [default: {COUNTS['batches'][0]}, or the configuration's].",
             ),
         )
     return _stack(options)
@@ -319,14 +324,14 @@ def validation_options(f):
             input_options_group(),
             click.option(
                 "--device",
-                type=click.Choice(["auto", "cpu", "cuda"]),
+                type=click.Choice(list(CHOICES["device"])),
                 default="auto",
                 show_default=True,
                 help="Where to run: CUDA when onnxruntime-gpu and a GPU are there (auto), or force one.",
             ),
             click.option(
                 "--numerics",
-                type=click.Choice(["auto", "emulate", "plain"]),
+                type=click.Choice(list(CHOICES["numerics"])),
                 default="auto",
                 show_default=True,
                 help="emulate: round every low-precision tensor like a GPU (default on CPU); plain: run as is.",
@@ -356,13 +361,13 @@ def validation_options(f):
                 "--iterations",
                 type=click.IntRange(1, MAX_ITERATIONS),
                 default=None,
-                help="Timed runs per model [default: 20, or the configuration's].",
+                help=f"Timed runs per model [default: {COUNTS['iterations'][0]}, or the configuration's].",
             ),
             click.option(
                 "--warmup",
                 type=click.IntRange(0, MAX_WARMUP),
                 default=None,
-                help="Untimed runs first [default: 3, or the configuration's].",
+                help=f"Untimed runs first [default: {COUNTS['warmup'][0]}, or the configuration's].",
             ),
             click.option(
                 "--save-inputs",
@@ -381,16 +386,14 @@ def _threshold_options():
     """The validation thresholds: each takes X (every output) and NAME=X (one output), repeatable."""
     per_output = " X for every output, NAME=X for one (repeatable)."
 
-    def threshold(flag: str, text: str):
+    def threshold(declared):
+        default = "off" if declared.default is None else f"{declared.default:g}"
+        text = f"{declared.metadata['help']} [{default}]."
+        flag = "--" + declared.name.replace("_", "-")
         return click.option(flag, multiple=True, type=TEXT, metavar="[NAME=]X", help=text + per_output)
 
     return [
-        threshold("--atol", "Max absolute error [off]."),
-        threshold("--rtol", "Max error relative to max(max |reference|, the low type's resolution at 1) [0.01]."),
-        threshold("--min-cosine", "Min cosine similarity, -1 to 1 [0.999]."),
-        threshold("--min-top1", "Min top-1 agreement of class-score outputs, 0 to 1 [0.99]."),
-        threshold("--min-iou", "Min IoU of a probability map's masks, 0 to 1; replaces atol/rtol/cosine there [0.99]."),
-        threshold("--map-threshold", "A probability map's mask is its values above this, 0 to 1 [0.5]."),
+        *(threshold(declared) for declared in threshold_fields()),  # validate/thresholds.py declares each
         click.option(
             "--compare-padded",
             is_flag=True,
@@ -402,11 +405,7 @@ def _threshold_options():
 
 # validation options by what uses them: the comparison alone, or also the --target search's inputs
 _COMPARE_ONLY = (
-    "atol",
-    "rtol",
-    "min_cosine",
-    "min_top1",
-    "min_iou",
+    *(f.name for f in threshold_fields() if f.metadata["target"]),  # the search takes these from --target
     "class_outputs",
     "generate",
     "speed",

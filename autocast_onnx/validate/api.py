@@ -132,15 +132,18 @@ def validate(
     min_top1 0.99, min_iou 0.99, map_threshold 0.5); each takes a number for every output, a mapping {output: X}
     for some, or a list mixing numbers and "NAME=X" strings as the command line does. Positions an
     attention mask marks as padding are left out unless `compare_padded`."""
+    given = dict(locals())  # the keywords as given, read by name below
     from ..io import model_argument
     from .core import validate as _validate
-    from .options import ValidateOptions, save_inputs_path, thresholds_from
+    from .options import GENERATING, ValidateOptions, save_inputs_path, thresholds_from
+    from .thresholds import THRESHOLDS
 
     reference = model_argument(reference, "reference")
     converted = model_argument(converted, "converted", result=True)
     if inputs is not None and (dims or ranges or batches != 1 or seed != 0):
+        names = [f"{name}=" for name in GENERATING]
         raise AutocastError(
-            "dims=, ranges=, batches= and seed= have no effect with inputs= (the arrays are used as they are)",
+            f"{', '.join(names[:-1])} and {names[-1]} have no effect with inputs= (the arrays are used as they are)",
             None,
             "drop them, or drop inputs= to generate inputs",
         )
@@ -148,8 +151,8 @@ def validate(
         raise AutocastError(
             f"generate= must be a whole number from 0 to 1024, not {generate!r}", None, "e.g. generate=16"
         )
-    limits = {"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "min_top1": min_top1, "min_iou": min_iou}
-    thresholds = thresholds_from({}, limits | {"map_threshold": map_threshold}, keywords=True)
+    limits = {name: given[name] for name in THRESHOLDS}  # the keywords named as Thresholds' fields
+    thresholds = thresholds_from({}, limits, keywords=True)
     if not isinstance(compare_padded, bool):
         raise AutocastError(f"compare_padded= must be True or False, not {compare_padded!r}", None, "fix it")
     if speed is not None and not isinstance(speed, bool):

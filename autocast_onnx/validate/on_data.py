@@ -61,7 +61,7 @@ def plan_on_data(
 
         goal = parse_targets(targets).measured_as(validation.thresholds)
     elif verdict is not None:
-        from .metrics import Thresholds
+        from .thresholds import Thresholds
 
         goal = Thresholds.unset().measured_as(validation.thresholds)
     # every input is checked (headers only) before any long run starts

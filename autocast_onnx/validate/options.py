@@ -12,19 +12,22 @@ from dataclasses import Field, dataclass, field, fields
 
 from ..errors import AutocastError
 from ..patterns import shown
-from .metrics import THRESHOLDS, Thresholds, threshold_fields
+from .thresholds import THRESHOLDS, Thresholds, threshold_fields
 
 # Allowed values of each threshold (command line, configuration file and --target): its field's.
 THRESHOLD_BOUNDS = {f.name: f.metadata["bounds"] for f in threshold_fields()}
 SEED_MAX = 2**32 - 1  # numpy seeds are unsigned 32-bit
 
 
-def _option(*, flag: str, key: str | None = None, count=None, choices=None, section=None) -> dict:
+def _option(
+    *, flag: str, key: str | None = None, count=None, choices=None, section=None, generates: bool = False
+) -> dict:
     """A validation option's field metadata, what the surfaces read from it: `flag` (its
     command-line flag), `key` (its configuration key; None: none) and the `section` of the
     configuration it belongs to ("run": how validation runs, "compare": what it compares), `count`
-    ((lowest, highest): a whole number in that range) or `choices` (the first is the default)."""
-    return {"flag": flag, "key": key, "count": count, "choices": choices, "section": section}
+    ((lowest, highest): a whole number in that range) or `choices` (the first is the default), and
+    whether it `generates` inputs (it shapes the generated batches: it does nothing beside --inputs)."""
+    return {"flag": flag, "key": key, "count": count, "choices": choices, "section": section, "generates": generates}
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,8 @@ class ValidateOptions:
     inputs: str | None = field(default=None, metadata=_option(flag="--inputs"))
     # write generated batches here (.npz, Polygraphy's .json) before the runs
     save_inputs: str | None = field(default=None, metadata=_option(flag="--save-inputs"))
-    dims: dict = field(default_factory=dict, metadata=_option(flag="--dim"))
-    ranges: dict = field(default_factory=dict, metadata=_option(flag="--input-range"))
-    seed: int = field(default=0, metadata=_option(flag="--seed", count=(0, SEED_MAX)))
+    dims: dict = field(default_factory=dict, metadata=_option(flag="--dim", generates=True))
+    ranges: dict = field(default_factory=dict, metadata=_option(flag="--input-range", generates=True))
     device: str = field(default="auto", metadata=_option(flag="--device", choices=("auto", "cpu", "cuda")))
     numerics: str = field(default="auto", metadata=_option(flag="--numerics", choices=("auto", "emulate", "plain")))
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -50,7 +52,10 @@ class ValidateOptions:
     )
     warmup: int = field(default=3, metadata=_option(flag="--warmup", key="warmup", count=(0, 100_000), section="run"))
     # generated batches when no inputs are given
-    batches: int = field(default=1, metadata=_option(flag="--batches", key="batches", count=(1, 10_000), section="run"))
+    batches: int = field(
+        default=1, metadata=_option(flag="--batches", key="batches", count=(1, 10_000), section="run", generates=True)
+    )
+    seed: int = field(default=0, metadata=_option(flag="--seed", count=(0, SEED_MAX), generates=True))
     # outputs to score top-1/top-k on, by name
     class_outputs: list = field(default_factory=list, metadata=_option(flag="--class-output"))
     strict: bool = field(
@@ -80,6 +85,7 @@ COUNTS = {
     f.name: (f.default, *f.metadata["count"]) for f in option_fields() if f.metadata["count"] and f.name != "seed"
 }
 CHOICES = {f.name: f.metadata["choices"] for f in option_fields() if f.metadata["choices"]}
+GENERATING = tuple(f.name for f in option_fields() if f.metadata["generates"])  # nothing to do beside --inputs
 
 
 def check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
