@@ -234,15 +234,16 @@ def _convert_body(call: _ConvertCall, written) -> bool:
 
         goal = parse_targets(call.targets)
     _check_convert_outputs(call, out, options, config_file, plan)
-    training_step = _prepare_validation(call, options)
-    measured = _plan_on_data(call, plan, options, goal)
+    source = _read_once(call, goal)
+    training_step = _prepare_validation(call, options, source)
+    measured = _plan_on_data(call, plan, options, goal, source)
     written.track(out, Path(out).with_name(Path(out).name + ".data"), call.plan_out, call.report_json, call.report_html)
     result = _run_conversion(call, out, replay, plan, measured)
     _print_conversion(call, result, out)
     if not call.run_validate:
         return True
     try:
-        return _validate_converted(call, out, options, training_step)
+        return _validate_converted(call, out, options, training_step, source)
     except AutocastError as exc:
         # the conversion succeeded: keep it (and its plan), say it was not validated, exit 2
         written.keep(out, Path(out).with_name(Path(out).name + ".data"), call.plan_out)
@@ -322,10 +323,28 @@ def _check_convert_outputs(call: _ConvertCall, out, options, config_file, plan) 
     )
 
 
-def _prepare_validation(call: _ConvertCall, options) -> bool:
+def _read_once(call: _ConvertCall, goal):
+    """MODEL read and checked once for what runs it beside the conversion (the validation's
+    checks and comparison, the --target search, the calibration), or None when nothing does. Its
+    external data stays on disk (io.load_model): the conversion streams the weights itself."""
+    if not (call.run_validate or goal is not None or call.calibration_data is not None):
+        return None
+    from ..graph.sanity import load_checked
+
+    return load_checked(call.model, load_external=False)
+
+
+def _whole(call: _ConvertCall, source):
+    """What a run of MODEL reads it from: the model read once, when it holds all of its weights
+    (nothing in external data), else its path, so that each run reads the weights it needs and lets
+    them go (the conversion never holds them beside it)."""
+    return source if source is not None and not source.external_files else call.model
+
+
+def _prepare_validation(call: _ConvertCall, options, source) -> bool:
     """Before converting, check that --validate can run; True when it validates a training step
     (the model is a training graph) rather than comparing outputs."""
-    training_step = call.run_validate and _is_training_model(call.model)
+    training_step = call.run_validate and _is_training_model(source.model if source is not None else call.model)
     if training_step:
         _refuse_for_training_step(
             call.ctx, _given(call.ctx, [*_COMPARE_ONLY, *_INPUT_OPTIONS, "device", "calibration_data", "targets"])
@@ -334,20 +353,20 @@ def _prepare_validation(call: _ConvertCall, options) -> bool:
     elif call.run_validate:
         from ..validate.core import precheck
 
-        precheck(call.model, options)
+        precheck(source if source is not None else call.model, options)
     return training_step
 
 
-def _plan_on_data(call: _ConvertCall, plan, options, goal):
+def _plan_on_data(call: _ConvertCall, plan, options, goal, source):
     """What running the model decides before the conversion: --calibration-data's fp32 nodes and
     the --target search (whose log is printed here)."""
     from ..validate.on_data import plan_on_data
 
     measured = plan_on_data(
-        call.model,
+        _whole(call, source),
         plan,
         calibration_data=call.calibration_data,
-        targets=call.targets if goal else (),
+        targets=goal if goal is not None else (),  # parsed once, above
         validation=options,
         progress=None if call.quiet else _progress,
         note=None if call.quiet or sys.stderr.isatty() else lambda text: _echo(text, err=True),
@@ -418,7 +437,7 @@ def _not_validated(exc: AutocastError, model, out) -> AutocastError:
     return AutocastError(f"{exc.what}; the converted model was written to {out} but not validated", exc.where, hint)
 
 
-def _validate_converted(call: _ConvertCall, out, options, training_step: bool) -> bool:
+def _validate_converted(call: _ConvertCall, out, options, training_step: bool, source) -> bool:
     """convert --validate: compare the converted model with MODEL (or run a training step), print
     and write the report; True when every threshold passed."""
     if training_step:
@@ -428,7 +447,7 @@ def _validate_converted(call: _ConvertCall, out, options, training_step: bool) -
     from ..validate.core import validate as run_validation
 
     call.echo("")
-    report = run_validation(call.model, out, options, progress=None if call.quiet else _progress)
+    report = run_validation(_whole(call, source), out, options, progress=None if call.quiet else _progress)
     call.echo(validation_text(report))
     _write_validation_reports(report, call.report_json, call.report_html)
     return report["passed"]

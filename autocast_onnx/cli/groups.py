@@ -523,10 +523,16 @@ def _write_or_echo(text: str, output) -> None:
 
 
 def _is_training_model(path) -> bool:
-    """Whether `path` is an onnxruntime-training training model (its validation is one step)."""
+    """Whether `path` (or the ModelProto read from it) is an onnxruntime-training training model
+    (its validation is one step)."""
+    import onnx
+
     from ..graph.training import recognise
     from ..io import load_model
 
+    if isinstance(path, onnx.ModelProto):
+        training = recognise(path)
+        return training is not None and bool(training.accumulations)
     if not Path(path).is_file():
         return False
     training = recognise(load_model(path, load_external=False).model)

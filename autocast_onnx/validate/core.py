@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import onnx
@@ -18,7 +17,7 @@ from ..dtypes import MIXABLE, dtype_name
 from ..errors import AutocastError
 from ..graph import build_index
 from ..graph.sanity import load_checked
-from ..io import PROTOBUF_LIMIT, encoded_size
+from ..io import PROTOBUF_LIMIT, LoadedModel, encoded_size
 from . import generation, runner
 from .emulate import emulation_model, session_as_is
 from .fusion import has_qdq, output_step_notes, quantized_report
@@ -70,9 +69,10 @@ def _load(model) -> _Loaded:
         from ..pipeline import load_argument
 
         return _Loaded(load_argument(model, True).model, None, encoded_size(model))
-    loaded = load_checked(model)
-    size = loaded.file_bytes + sum(os.path.getsize(Path(model).parent / f) for f in loaded.external_files)
-    return _Loaded(loaded.model, str(model), size)
+    loaded = model if isinstance(model, LoadedModel) else load_checked(model)  # a command's, read once
+    assert loaded.path is not None
+    size = loaded.file_bytes + sum(os.path.getsize(loaded.path.parent / f) for f in loaded.external_files)
+    return _Loaded(loaded.model, str(model if not isinstance(model, LoadedModel) else loaded.path), size)
 
 
 def _bar(progress, label: str, total: int):
@@ -529,7 +529,10 @@ def precheck(model_path, options: ValidateOptions) -> None:
     only), --save-inputs, --class-output names and the outputs given thresholds of their own."""
     from .inputs import check_batches, check_generated_size
 
-    source = load_checked(model_path, load_external=False).model
+    if isinstance(model_path, LoadedModel):  # read and checked by the command already
+        source, model_path = model_path.model, model_path.path
+    else:
+        source = load_checked(model_path, load_external=False).model
     specs = describe_inputs(source)
     plan = plan_inputs(specs, options.dims, options.ranges)
     check_save_inputs(specs, options)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..io import ModelArgument, model_argument
+from ..io import LoadedModel, ModelArgument, model_argument
+from .thresholds import Thresholds
 
 
 @dataclass
@@ -39,30 +40,34 @@ def plan_on_data(
     measures them (its map thresholds; padded positions left out unless compare_padded). `plan_options` (a
     PlanOptions) decides the plans the search tries. The result's fields go to
     `convert(..., calibration=, force_fp32=)`. `verdict(reference, converted) -> bool` (API
-    only: a Python callable) judges each batch of the search beside the targets, or alone."""
+    only: a Python callable) judges each batch of the search beside the targets, or alone. A
+    command that has read and checked the model already passes its io.LoadedModel as `model`, and
+    the Thresholds it parsed from --target as `targets`: neither is read twice."""
     from ..pipeline import load_argument
     from ..plan.options import plan_options as _plan_options
     from . import runner
     from .inputs import check_batches, describe_inputs, generate, load_batches, plan_inputs
     from .options import ValidateOptions
 
-    model = model_argument(model, "model")  # a path or a ModelProto: refused now if neither, before any work
+    loaded = model if isinstance(model, LoadedModel) else None  # read and checked by the caller: used as it is
+    model = loaded.model if loaded is not None else model_argument(model, "model")  # refused now if neither
     out = DataPlanning()
-    if calibration_data is None and not targets and verdict is None:
+    if calibration_data is None and not isinstance(targets, Thresholds) and not targets and verdict is None:
         return out
     plan_options = plan_options or _plan_options()
     validation = validation or ValidateOptions()
-    source = load_argument(model, True).model  # read and checked as convert reads it; a ModelProto on a copy
+    # read and checked as convert reads it (a ModelProto on a copy), unless the caller has done so
+    source = loaded.model if loaded is not None else load_argument(model, True).model
     specs = describe_inputs(source)
     device, _ = runner.resolve_device(validation.device)
     goal = None
-    if targets:
+    if isinstance(targets, Thresholds):  # parsed by the caller already
+        goal = targets.measured_as(validation.thresholds)
+    elif targets:
         from .options import parse_targets
 
         goal = parse_targets(targets).measured_as(validation.thresholds)
     elif verdict is not None:
-        from .thresholds import Thresholds
-
         goal = Thresholds.unset().measured_as(validation.thresholds)
     # every input is checked (headers only) before any long run starts
     if calibration_data is not None:
