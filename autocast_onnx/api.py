@@ -10,8 +10,8 @@ typed results with a readable repr.
     autocast_onnx.check("model.onnx", precision="bf16", rtol=0.05, speed=False)   # CheckResult
 
 Each call takes the keywords of its command's options, and builds its options objects through
-the builders the command line uses (options.py): tests/test_api_options.py holds the two to the
-same set of options.
+the builders the command line uses (plan/options.py, validate/options.py, lint/engine.py):
+tests/test_api_options.py holds the two to the same set of options.
 """
 
 from __future__ import annotations

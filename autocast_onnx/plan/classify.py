@@ -114,7 +114,7 @@ def classify(
     converted: dict | None = None,
     runtime: str | None = None,
 ) -> Classification:
-    """Categories, port roles and rule/data seeds of every node, in five passes:
+    """Categories, port roles and rule/data seeds of every node, in six passes:
 
       1. categories from the rule files (control-flow nodes are CONTROL_FLOW);
       2. port roles from the op schema and the rule files' pins; unknown types freeze a node,
