@@ -307,14 +307,14 @@ def plan_model(
     options = _entry_options("plan_model", options, planning)
     loaded = load_argument(model, copy)
     where = str(loaded.path) if loaded.path else "<model>"
-    with _stage("resolve target"):
-        _, target, keep_io_types = _resolve_target(None, options, {})
-    with _stage("upgrade opset"):
-        upgrade = _upgrade_opset(loaded.model, None, options, where)
-    with _stage("check opset"):
-        _check_opset(loaded.model, target, where)
-    with _stage("read options"):
-        selection = _read_selection(options, calibration, force_fp32)
+    opening = _opening(loaded.model, where, None, options, calibration, force_fp32, None)
+    target, keep_io_types, upgrade, selection = (
+        opening.target,
+        opening.keep_io_types,
+        opening.upgrade,
+        opening.selection,
+    )
+    assert selection is not None
     with _no_gc():
         with _stage("index"):
             index = _index(loaded, where)
@@ -345,18 +345,14 @@ def replay_model(
     options = _entry_options("replay_model", options, {})
     loaded = load_argument(model, True)
     where = str(loaded.path) if loaded.path else "<model>"
-    with _stage("resolve target"):
-        plan, target, keep_io_types = _resolve_target(plan, options, {})
-    with _stage("upgrade opset"):
-        _upgrade_opset(loaded.model, plan, options, where)
-    with _stage("check opset"):
-        _check_opset(loaded.model, target, where)
+    opening = _opening(loaded.model, where, plan, options, None, None, None)
+    plan, keep_io_types = opening.plan, opening.keep_io_types
+    assert plan is not None
     with _no_gc():
         with _stage("index"):
             index = _index(loaded, where)
         with _stage("prepare training"):
-            loss_scale = _replayed_loss_scale(plan, None) if plan.training is not None else None
-            training, scale = _training_setup(loaded.model, index, loss_scale, keep_io_types, where)
+            training, scale = _training_setup(loaded.model, index, opening.loss_scale, keep_io_types, where)
             if scale is not None:  # the backward seed became the scale, as convert --plan does it
                 index = _index(loaded, where)
         with _stage("check plan"):
@@ -533,17 +529,9 @@ def _convert_loaded(
     """Convert a loaded model, stage by stage (each logged with -v and named in an unexpected
     error). `weights` says where the converted weights go (convert_file's fast path)."""
     where, model = (str(loaded.path) if loaded.path else "<model>"), loaded.model
-    with _stage("resolve target"):
-        measured = {"calibration": calibration, "force_fp32": force_fp32}
-        plan, target, keep_io_types = _resolve_target(plan, options, measured)
-    with _stage("upgrade opset"):
-        upgrade = _upgrade_opset(model, plan, options, where)
-    with _stage("check opset"):
-        _check_opset(model, target, where)
-    with _stage("read options"):
-        selection = None if plan is not None else _read_selection(options, calibration, force_fp32)
-        if plan is not None and plan.training is not None:
-            loss_scale = _replayed_loss_scale(plan, loss_scale)
+    opening = _opening(model, where, plan, options, calibration, force_fp32, loss_scale)
+    plan, target, keep_io_types, upgrade = opening.plan, opening.target, opening.keep_io_types, opening.upgrade
+    selection, loss_scale = opening.selection, opening.loss_scale
     weights = weights or _Weights()
     screen = weights.screen
     # fp16 payloads converted once, by the data rules' screen, for the rewrite to store; only
@@ -617,6 +605,40 @@ def _convert_loaded(
         external_tensors=index.external_tensors,
         speed_source_of=_speed_source_of(index, plan) if shapes is not None else None,
     )
+
+
+@dataclass
+class _Opened:
+    """What the opening stages decided (_opening): the plan to replay (None: plan afresh), the
+    target precision, keep_io_types, the opset upgrade made, the selections read (None with a
+    plan to replay) and the loss scale in force."""
+
+    plan: PrecisionPlan | None
+    target: Precision
+    keep_io_types: bool
+    upgrade: OpsetChange | None
+    selection: _Selection | None
+    loss_scale: str | float | None
+
+
+def _opening(model, where: str, plan, options: PlanOptions, calibration, force_fp32, loss_scale) -> _Opened:
+    """The stages every entry point (convert, plan_model, replay_model) opens with, declared once
+    and in this order: resolve the target (and the plan to replay), upgrade the opset, check it,
+    read the selections (a replayed training plan gives its loss scale). Each entry point goes on
+    from here to its own end: the plan (plan_model), the plan checked against the index
+    (replay_model), or the rewrite and the check (convert)."""
+    with _stage("resolve target"):
+        measured = {"calibration": calibration, "force_fp32": force_fp32}
+        plan, target, keep_io_types = _resolve_target(plan, options, measured)
+    with _stage("upgrade opset"):
+        upgrade = _upgrade_opset(model, plan, options, where)
+    with _stage("check opset"):
+        _check_opset(model, target, where)
+    with _stage("read options"):
+        selection = None if plan is not None else _read_selection(options, calibration, force_fp32)
+        if plan is not None and plan.training is not None:
+            loss_scale = _replayed_loss_scale(plan, loss_scale)
+    return _Opened(plan, target, keep_io_types, upgrade, selection, loss_scale)
 
 
 def _speed_source_of(index, plan: PrecisionPlan) -> Callable:
