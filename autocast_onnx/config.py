@@ -18,11 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from .catalog.loader import read_toml
-from .catalog.runtimes import RUNTIME_CHOICES
 from .diagnostics import SEVERITIES
 from .errors import AutocastError
 from .patterns import shown
 from .plan.options import planning_fields
+from .runtimes import RUNTIME_CHOICES
 from .validate.options import config_keys
 from .validate.thresholds import THRESHOLDS
 

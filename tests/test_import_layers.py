@@ -33,7 +33,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("graph", "patterns", "diagnostics"),  # the index, the op signatures, shared judgements
     ("fast",),  # the fast path: the worker, the walk, the weight screen, payloads left in the file, the splice
     ("io",),  # load and save
-    ("errors", "dtypes", "_version", "hazards", "filesys", "varint"),  # leaves (hazards: what a constant loses)
+    (
+        "errors",
+        "dtypes",
+        "_version",
+        "hazards",
+        "filesys",
+        "varint",
+        "runtimes",
+    ),  # leaves (hazards: what a constant loses)
 ]
 
 # The fence around the fast path (fast/__init__.py): only the pipeline imports it, directly. The

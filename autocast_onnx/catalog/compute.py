@@ -24,7 +24,7 @@ from onnx import TensorProto
 
 from ..errors import AutocastError
 from ..graph.domains import normalize_domain
-from .runtimes import RUNTIMES
+from ..runtimes import RUNTIMES
 
 _LOW_NAMES: dict[int, str] = {int(TensorProto.FLOAT16): "float16", int(TensorProto.BFLOAT16): "bfloat16"}
 

@@ -18,7 +18,7 @@ from ..dtypes import dtype_name
 from ..errors import AutocastError
 from ..graph import signatures
 from ..graph.domains import normalize_domain
-from .runtimes import RUNTIMES
+from ..runtimes import RUNTIMES
 
 _FLOATS = {"float", "double", "float16", "bfloat16"}
 

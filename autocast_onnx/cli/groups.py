@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from ..errors import AutocastError, one_line, printable_text
+from ..runtimes import RUNTIME_CHOICES
 from ..validate.options import CHOICES, COUNTS, GENERATING, SEED_MAX
 from ..validate.thresholds import threshold_fields
 from .guard import _FOLDER_SPELLINGS, _say
@@ -148,7 +149,7 @@ def plan_options_group(keep_io: bool = True):
         ),
         click.option(
             "--runtime",
-            type=click.Choice(["cuda", "tensorrt", "dml", "any"]),  # plan.options.RUNTIME_CHOICES
+            type=click.Choice(list(RUNTIME_CHOICES)),  # runtimes.py
             default=None,
             help="Plan for this runtime: keep fp32 the nodes it has no fp16/bf16 kernel for (ONNX Runtime's CUDA "
             "or DirectML provider, TensorRT; kernel tables in autocast_onnx/data), and run low between low "

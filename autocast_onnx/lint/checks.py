@@ -96,7 +96,7 @@ class LintContext:
         from ..rewrite.provenance import read
 
         recorded = (read(self.model) or {}).get("runtime")
-        from ..catalog.runtimes import ANY, RUNTIMES
+        from ..runtimes import ANY, RUNTIMES
 
         return recorded if recorded in RUNTIMES else ANY
 

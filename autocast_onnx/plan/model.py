@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
-from ..catalog.runtimes import RUNTIME_CHOICES as KERNELS
 from ..errors import AutocastError, printable_lines
+from ..runtimes import RUNTIME_CHOICES as KERNELS
 from .vocab import Category, Paint, PortRole, Precision, Seed
 
 PLAN_VERSION = 2

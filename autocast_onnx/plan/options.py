@@ -21,9 +21,9 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 
 from ..catalog.loader import check_op_type
-from ..catalog.runtimes import RUNTIME_CHOICES
 from ..errors import AutocastError
 from ..patterns import compile_patterns
+from ..runtimes import RUNTIME_CHOICES
 from .vocab import Precision
 
 
