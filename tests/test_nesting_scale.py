@@ -8,7 +8,6 @@ Work is counted, not timed (a loaded machine must not fail these tests): the fun
 conversion makes, Python's and built-in ones, as cProfile counts them, and the peak of the memory
 it allocates, as tracemalloc measures it."""
 
-import cProfile
 import json
 import re
 import tracemalloc
@@ -20,6 +19,7 @@ import pytest
 from bad_input_helpers import assert_one_error, invoke
 from helpers import F32, check, run
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from work_helpers import call_count, profiled
 
 import autocast_onnx
 from autocast_onnx import AutocastError
@@ -32,13 +32,7 @@ from autocast_onnx.pipeline import convert_file
 def calls(fn, *args, **kwargs) -> int:
     """The function calls (Python and built-in, generator steps included) made while
     fn(*args, **kwargs) runs: a measure of its work that does not move with the machine's speed."""
-    profile = cProfile.Profile()
-    profile.enable()
-    try:
-        fn(*args, **kwargs)
-    finally:
-        profile.disable()
-    return sum(entry.callcount for entry in profile.getstats())
+    return call_count(profiled(fn, *args, **kwargs))
 
 
 def peak_bytes(fn, *args, **kwargs) -> int:

@@ -8,7 +8,6 @@ The CLI runs in process (bad_input_helpers.invoke); one small model is written o
 from __future__ import annotations
 
 import copy
-import cProfile
 import json
 
 import numpy as np
@@ -16,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from bad_input_helpers import assert_ok, assert_one_error, invoke, small_model, write_model
 from helpers import parse, randn
+from work_helpers import call_count, profiled
 
 ROLES = "pfxuao"
 # every JSON type, to put in place of a value
@@ -40,13 +40,9 @@ def replay(model_path, data, folder, raw: str | None = None):
 def counted_replay(model_path, data, folder):
     """(replay's Outcome, the Python function calls it made): a measure of its work that does not
     move with the machine's speed, as a time would (no test here reads a clock)."""
-    profile = cProfile.Profile(builtins=False)
-    profile.enable()
-    try:
-        out = replay(model_path, data, folder)
-    finally:
-        profile.disable()
-    return out, sum(entry.callcount for entry in profile.getstats())
+    done = []
+    stats = profiled(lambda: done.append(replay(model_path, data, folder)), builtins=False)
+    return done[0], call_count(stats)
 
 
 def node(data, name):

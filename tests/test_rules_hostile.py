@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-import cProfile
-import os
 import re
 import sys
 
@@ -27,6 +25,7 @@ from helpers import planned
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 from test_properties import FUZZ  # the project's hypothesis profiles (AUTOCAST_ONNX_FUZZ)
+from work_helpers import call_count, in_re, profiled
 
 import autocast_onnx
 from autocast_onnx.catalog import load_rules, toml_lines
@@ -79,26 +78,9 @@ def calls(fn, *args, **kwargs) -> tuple[int, list[str]]:
     """The function calls (Python and built-in) made while fn(*args, **kwargs) runs, and the
     Python functions of the `re` package among them (a regex compiled, or applied through
     re.match and its like, rather than one of the compiled regexes the scanner holds)."""
-    profile = cProfile.Profile()
-    profile.enable()
-    try:
-        fn(*args, **kwargs)
-    finally:
-        profile.disable()
-    stats = profile.getstats()
-    in_re = [e.code.co_name for e in stats if not isinstance(e.code, str) and _in_re(e.code.co_filename)]
-    return sum(e.callcount for e in stats), in_re
-
-
-def _in_re(filename: str) -> bool:
-    """Whether `filename` is Python code of the `re` package (re.compile, re.match, its parser)."""
-    folder = os.path.dirname(re.__file__)
-    if os.path.basename(re.__file__) == "__init__.py":  # Python 3.11+: a package
-        return os.path.dirname(filename) == folder
-    return os.path.dirname(filename) == folder and os.path.basename(filename) in _RE_FILES  # pragma: no cover
-
-
-_RE_FILES = ("re.py", "sre_compile.py", "sre_parse.py")  # Python 3.10
+    stats = profiled(fn, *args, **kwargs)
+    in_re_calls = [e.code.co_name for e in stats if not isinstance(e.code, str) and in_re(e.code.co_filename)]
+    return call_count(stats), in_re_calls
 
 
 PROBE = frozenset(map(chr, range(0x250))) | frozenset("\u2028\u3000\U0001f600")  # what classes are probed with

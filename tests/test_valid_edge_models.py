@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import cProfile
-import os
 import re
 
 import numpy as np
@@ -23,6 +21,7 @@ import pytest
 from bad_input_helpers import assert_ok, assert_one_error, invoke, snapshot, write_model
 from helpers import F32, init, model, tensor
 from onnx import TensorProto, helper
+from work_helpers import call_count, in_re, profiled
 
 import autocast_onnx
 from autocast_onnx import AutocastError
@@ -220,31 +219,14 @@ def calls(fn, *args) -> tuple[int, list[str]]:
     runs, a measure of its work that does not move with the machine's speed (no test here reads a
     clock: a loaded machine must not fail them); and the regexes applied meanwhile, through a
     compiled pattern (its method, as cProfile names it) or through `re` (its Python functions)."""
-    profile = cProfile.Profile()
-    profile.enable()
-    try:
-        fn(*args)
-    finally:
-        profile.disable()
-    stats = profile.getstats()
+    stats = profiled(fn, *args)
     regexes = [
         e.code if isinstance(e.code, str) else e.code.co_name
         for e in stats
         if (isinstance(e.code, str) and "Pattern' objects" in e.code)
-        or (not isinstance(e.code, str) and _in_re(e.code.co_filename))
+        or (not isinstance(e.code, str) and in_re(e.code.co_filename))
     ]
-    return sum(e.callcount for e in stats), regexes
-
-
-def _in_re(filename: str) -> bool:
-    """Whether `filename` is Python code of the `re` package (re.compile, re.match, its parser)."""
-    folder = os.path.dirname(re.__file__)
-    if os.path.basename(re.__file__) == "__init__.py":  # Python 3.11+: a package
-        return os.path.dirname(filename) == folder
-    return os.path.dirname(filename) == folder and os.path.basename(filename) in _RE_FILES  # pragma: no cover
-
-
-_RE_FILES = ("re.py", "sre_compile.py", "sre_parse.py")  # Python 3.10
+    return call_count(stats), regexes
 
 
 def _refused(text: str) -> None:
