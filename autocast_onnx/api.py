@@ -11,7 +11,7 @@ typed results with a readable repr.
 
 Each call takes the keywords of its command's options, and builds its options objects through
 the builders the command line uses (plan/options.py, validate/options.py, lint/engine.py):
-tests/test_api_options.py holds the two to the same set of options.
+tests/contracts/test_api_options.py holds the two to the same set of options.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ inputs are cached in benchmarks/.gpu_plan_cache/ (gitignored; --cache to move it
 at batch 8). A full run of the six at batch 8 took 40 minutes on 2 cores with an empty cache (the
 exports about 3 of them), see the report of issue 37; --small about 2 minutes.
 
-The functions above the line `# ---- the heavy part` need only onnx and numpy (tests/test_bench_gpu_plan.py
+The functions above the line `# ---- the heavy part` need only onnx and numpy (tests/tools/test_bench_gpu_plan.py
 runs them without torch).
 """
 

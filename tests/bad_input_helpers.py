@@ -1,4 +1,4 @@
-"""Helpers for tests/test_bad_inputs.py: small models (plain, with external data, broken in
+"""Helpers for tests/contracts/test_bad_inputs.py: small models (plain, with external data, broken in
 chosen ways), the argv of each command for one model, the one-line error contract, snapshots of
 a folder (to prove inputs are byte-identical and nothing was written), and fault injection for
 writes (ENOSPC) and file opens (to prove a file outside the model folder is never read)."""

@@ -30,7 +30,7 @@ def keep_io(request):
 def pytest_collection_modifyitems(config, items):
     """Tests marked `training` need onnxruntime-training, which cannot share an environment with
     the plain onnxruntime wheel: skipped here with that reason, run for real by .ci/run in
-    .venv-training (`pytest -m training tests/test_training_runtime.py`)."""
+    .venv-training (`pytest -m training tests/training/test_training_runtime.py`)."""
     from autocast_onnx.validate.training import has_training_runtime
 
     if has_training_runtime():
@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
         reason="needs onnxruntime-training (its own environment); .ci/run runs these in .venv-training"
     )
     for item in items:
-        if "training" in item.keywords:
+        if item.get_closest_marker("training") is not None:  # the marker, not tests/training/ (a keyword too)
             item.add_marker(skip)
 
 

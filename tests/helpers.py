@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import onnx
 import onnx.parser
-from onnx import TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 import autocast_onnx
 
@@ -253,6 +253,47 @@ def reshaped_to_fixed_rows(seed: int = 2):
         w=randn([8, 8], seed),
     )
     m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
+    return m
+
+
+def _level(graph: onnx.GraphProto, d: int, depth: int, named: bool) -> str:
+    """Level d: MatMul(x, w) and Add(., x), then (below `depth`) an If whose then_branch is level
+    d + 1 and whose else_branch passes the Add on. Bodies read x, w and c from the main graph.
+    Built in place: protobuf copies a nested message by encoding it and reading it back, which
+    fails beyond its 100 message levels."""
+    graph.name = f"level{d}"
+    graph.node.add().CopyFrom(helper.make_node("MatMul", ["x", "w"], [f"m{d}"], name=f"mm{d}" if named else ""))
+    graph.node.add().CopyFrom(helper.make_node("Add", [f"m{d}", "x"], [f"a{d}"], name=f"add{d}" if named else ""))
+    out = f"a{d}"
+    if d < depth:
+        node = graph.node.add()
+        node.op_type, node.name = "If", f"if{d}" if named else ""
+        node.input.append("c")
+        node.output.append(f"y{d}")
+        then = node.attribute.add()
+        then.name, then.type = "then_branch", AttributeProto.GRAPH
+        _level(then.g, d + 1, depth, named)
+        other = node.attribute.add()
+        other.name, other.type = "else_branch", AttributeProto.GRAPH
+        other.g.name = f"else{d}"
+        other.g.node.add().CopyFrom(helper.make_node("Identity", [f"a{d}"], [f"e{d}"]))
+        other.g.output.add().CopyFrom(helper.make_tensor_value_info(f"e{d}", F32, [2, 2]))
+        out = f"y{d}"
+    if d > 0:
+        graph.output.add().CopyFrom(helper.make_tensor_value_info(out, F32, [2, 2]))
+    return out
+
+
+def nested_ifs(depth: int, named: bool = False) -> onnx.ModelProto:
+    """If nested `depth` levels deep (the main graph is level 0), a MatMul and an Add per level."""
+    m = onnx.ModelProto()
+    m.ir_version = 8
+    m.opset_import.add().version = 17
+    out = _level(m.graph, 0, depth, named)
+    m.graph.input.add().CopyFrom(helper.make_tensor_value_info("x", F32, [2, 2]))
+    m.graph.input.add().CopyFrom(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+    m.graph.output.add().CopyFrom(helper.make_tensor_value_info(out, F32, [2, 2]))
+    m.graph.initializer.add().CopyFrom(numpy_helper.from_array(np.eye(2, dtype=np.float32), "w"))
     return m
 
 

@@ -1,4 +1,4 @@
-"""Helpers for the lint-check tests (tests/test_lint_checks.py): the check catalog, running one
+"""Helpers for the lint-check tests (tests/lint/test_lint_checks.py): the check catalog, running one
 check, asserting on a Diagnostic, and small fp16 graphs of the shapes a naive converter leaves
 behind (attention with a mask, decomposed LayerNorm). Builds on tests/helpers.py, which stays
 as it is."""

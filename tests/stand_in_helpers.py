@@ -1,4 +1,4 @@
-"""The stand-in check's agreement with the whole model (tests/conftest.py, tests/test_stand_in.py)."""
+"""The stand-in check's agreement with the whole model (tests/conftest.py, tests/fast/test_stand_in.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for the property-based tests (tests/test_properties.py).
+"""Hypothesis strategies for the property-based tests (tests/contracts/test_properties.py).
 
 `onnx_models()` draws small, VALID fp32 ONNX models (ir_version 8, opset 17: they pass
 onnx.checker with full_check and run on ONNX Runtime's CPU provider) built from random "steps",
@@ -53,16 +53,37 @@ data, so that a failure is a converter bug and not fp16 arithmetic:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 I64, BOOL = TensorProto.INT64, TensorProto.BOOL
 
+# ---- profiles: the hypothesis settings of the property-based tests (AUTOCAST_ONNX_FUZZ, see
+# tests/contracts/test_properties.py; tests/catalog/test_rules_hostile.py uses them too)
+_COMMON = {
+    "deadline": None,
+    "database": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+}
+settings.register_profile("autocast_onnx_quick", max_examples=25, derandomize=True, **_COMMON)
+settings.register_profile("autocast_onnx_long", max_examples=1000, **_COMMON)
+
+PROFILE = os.environ.get("AUTOCAST_ONNX_FUZZ", "quick")
+if PROFILE not in ("quick", "long"):
+    raise ValueError(f"AUTOCAST_ONNX_FUZZ={PROFILE!r}: use quick or long")
+FUZZ = settings.get_profile(f"autocast_onnx_{PROFILE}")
+if os.environ.get("AUTOCAST_ONNX_FUZZ_EXAMPLES"):
+    FUZZ = settings(FUZZ, max_examples=int(os.environ["AUTOCAST_ONNX_FUZZ_EXAMPLES"]))
+
+# ---- models
 D = 8  # the last axis of every pool tensor
 SHAPES = [(2, D), (2, 4, D)]
 LIMIT = 8.0  # bound on |value| of every pool tensor

@@ -1,5 +1,5 @@
 """Re-encode a serialized protobuf message (an ONNX ModelProto) into another encoding that
-protobuf parses as the same message: what tests/test_wire_walk.py feeds the walk of wire.py.
+protobuf parses as the same message: what tests/fast/test_wire_walk.py feeds the walk of wire.py.
 
 The message types come from the descriptors of the generated classes (onnx.ModelProto.DESCRIPTOR
 and the types it refers to), so every nested message is re-encoded too: the graph, its nodes and

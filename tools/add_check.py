@@ -16,7 +16,7 @@ Then it
      example (a trailing period of the summary is dropped: docs/rules.md adds its own);
   2. for a new kind, adds a stub to autocast_onnx/lint/checks.py (a generator that yields nothing,
      with a TODO docstring) and registers it in KINDS;
-  3. appends a section to tests/test_lint_checks.py: a bad-case test that FAILS until the check
+  3. appends a section to tests/lint/test_lint_checks.py: a bad-case test that FAILS until the check
      is implemented and finds the problem in the bad model, and a good-case test;
   4. regenerates docs/rules.md with `python -m autocast_onnx rules --format markdown`, run on the
      package under --root (the files it wrote are restored if that fails).
@@ -46,7 +46,7 @@ else:  # pragma: no cover
 LINT_TOML = Path("rules/lint.toml")
 CHECKS_PY = Path("autocast_onnx/lint/checks.py")
 DIAGNOSTICS_PY = Path("autocast_onnx/diagnostics.py")
-TESTS_PY = Path("tests/test_lint_checks.py")
+TESTS_PY = Path("tests/lint/test_lint_checks.py")
 RULES_MD = Path("docs/rules.md")
 
 CODE = re.compile(r"^AC\d{3}$")
@@ -292,7 +292,7 @@ def stub_function(spec: dict) -> str:
     """TODO({spec["code"]} {spec["name"]}): {summary}.
 
     Scaffolded by tools/add_check.py: it finds nothing yet, so test_{spec["code"].lower()}_bad in
-    tests/test_lint_checks.py fails. Yield ctx.diag(check, node, message, value=..., tensor=...) for
+    tests/lint/test_lint_checks.py fails. Yield ctx.diag(check, node, message, value=..., tensor=...) for
     each node at fault (see op_family and masking_constant above); read parameters from check.params."""
     yield from ()
 '''
@@ -450,8 +450,8 @@ def main(argv=None) -> int:
     code = args.code.strip().lower()
     print(
         f"next: implement the check, fill in the TODOs (grep -rn 'TODO({args.code.strip()}' and the catalog "
-        f"entry), run `.venv/bin/python -m pytest -q tests/test_lint_checks.py -k {code} tests/test_rules_doc.py` "
-        "and regenerate docs/rules.md once why/fix/example are written"
+        f"entry), run `.venv/bin/python -m pytest -q tests/lint/test_lint_checks.py -k {code} "
+        "tests/contracts/test_rules_doc.py` and regenerate docs/rules.md once why/fix/example are written"
     )
     return 0
 

@@ -17,7 +17,7 @@ commands' reference pages).
     python tools/docs_examples.py            # check: list what drifted, exit 1 if anything did
     python tools/docs_examples.py --write    # rewrite the ```text blocks with what the commands print now
 
-tests/test_docs_current.py runs the check, so a change of output or options that the docs do not
+tests/contracts/test_docs_current.py runs the check, so a change of output or options that the docs do not
 follow fails the suite."""
 
 from __future__ import annotations

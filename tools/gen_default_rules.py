@@ -57,7 +57,7 @@ OVERRIDES = {
     # reason from the op's schema (onnxruntime/core/graph/contrib_ops/bert_defs.cc) and its CUDA
     # kernel (onnxruntime/contrib_ops/cuda/bert/, registrations in cuda_contrib_kernels.cc).
     # Measured figures: the optimizer's output for examples/models/bert_tiny and gpt2_tiny,
-    # validated with emulated fp16 (tests/test_fused_ops.py builds those models).
+    # validated with emulated fp16 (tests/catalog/test_fused_ops.py builds those models).
     ("com.microsoft", "Attention"): (
         "low_precision",
         "fused QKV projection + attention: ONNX Runtime's CUDA kernel takes T = float16/bfloat16 "

@@ -38,7 +38,7 @@ and commit 7e59947 of the DirectML table; fetch both trees with the stored-snaps
     python tools/kernel_compute.py --check
 checks that the shipped tables are what the rows below write (with the commits, dates and blob ids they record),
 that their structure holds, and that every op and type they list has a kernel in the matching kernel table.
-tests/test_kernel_compute.py runs the check, and with the ONNX Runtime tree present regenerates the tables.
+tests/catalog/test_kernel_compute.py runs the check, and with the ONNX Runtime tree present regenerates the tables.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Write docs/api.ipynb: convert -> validate -> explain on an example model, with the outputs
-of running each cell here (so the notebook shows real results; tests/test_python_api.py runs
+of running each cell here (so the notebook shows real results; tests/api/test_python_api.py runs
 its code again).
 
     python tools/make_api_notebook.py

@@ -16,7 +16,7 @@ worker that fails, an encoding the splice does not expect): the output is the sa
                   the save, written as pieces (writev); the stand-in the output check reads
 
 The fence: only the pipeline and the command line import this package
-(tests/test_import_layers.py). The stages see narrow, plain interfaces instead: the loader takes
+(tests/contracts/test_import_layers.py). The stages see narrow, plain interfaces instead: the loader takes
 a `parse` callable and hands back what it left in the file (io.LeftInFile); classification takes
 a plain cache of converted weights (id(TensorProto) -> fp16 bytes); the rewrite takes one payload
 sink (rewrite.apply.PayloadSink: io.PayloadSpill or splice.HeldPayloads); the checker takes bytes

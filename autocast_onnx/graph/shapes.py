@@ -22,7 +22,7 @@ LIMIT_NODES = 20_000  # above this, shape inference would cost as much as the co
 MAC_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
 # The sizes validation generates for a dimension a model input leaves open (validate/inputs.py,
-# tests/test_cost_dims.py holds the two to each other): by the dimension's name, else by axis.
+# tests/report/test_cost_dims.py holds the two to each other): by the dimension's name, else by axis.
 BATCH_HINT = re.compile(r"batch|^n$|^b$", re.I)
 SEQ_HINT = re.compile(r"seq|len|token|position|time|step", re.I)
 DEFAULT_BATCH, DEFAULT_SEQ, DEFAULT_OTHER = 3, 16, 8
