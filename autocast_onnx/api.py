@@ -250,7 +250,6 @@ def check(
     from .io import model_argument, model_file
     from .lint.engine import lint_options
     from .plan.options import PLANNING, plan_options
-    from .validate.core import precheck
     from .validate.options import validate_options
 
     model = model_argument(model, "model")
@@ -271,8 +270,6 @@ def check(
     vopts = validate_options(None, strict=strict, **given)
     prior = load_baseline(baseline) if baseline is not None else None
     with model_file(model) as path:  # the gate works on files: a ModelProto is written to a temporary one
-        if not skip_validate:
-            precheck(path, vopts)
         return run_gate(
             path, output=output, plan_options=plan, lint_options=lint, validation=vopts, skip_validate=skip_validate,
             baseline=prior, shown=None if path is model else "<model>",

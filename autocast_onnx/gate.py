@@ -115,12 +115,15 @@ def check(
     config_source: str | None = None,
     progress=None,
     shown: str | None = None,
+    header=None,
 ) -> CheckResult:
     """Run the gate on `model` (a path). The converted model is kept at `output` when given
     (and removed again if the gate fails with an error), else written to a temporary folder.
     `baseline` is a previous report (see load_baseline): then only new findings and
     regressions fail. `shown` names the model in the report and its findings instead of that path
-    (api.check's `<model>`, for a ModelProto it wrote to a temporary file)."""
+    (api.check's `<model>`, for a ModelProto it wrote to a temporary file). `header` is `model` as
+    the caller read it already (io.load_model with load_external=False, not yet checked), so that
+    the gate does not read it again."""
     from .lint.engine import lint_options as _lint_options
     from .lint.report import lint_dict
     from .plan.options import plan_options as _plan_options
@@ -138,11 +141,11 @@ def check(
         plan=plan_options,
         rules=list(plan_options.rules),
     )
-    validation = validation or ValidateOptions()
+    validation = None if skip_validate else (validation or ValidateOptions())
     name = shown if shown is not None else str(model)
-    signature = _screen(model, name, baseline, skip_validate)
+    source, signature = _read(header or model, name, baseline, validation)
     before, converted, after, validation_report = _run(
-        model, output, plan_options, lint_options, None if skip_validate else validation, progress, shown
+        model, source, output, plan_options, lint_options, validation, progress, shown
     )
     if shown is not None and validation_report is not None:
         validation_report["reference"]["path"] = None  # the model was given in memory, as validate() says it
@@ -167,17 +170,33 @@ def check(
     return CheckResult(report=report, diagnostics=list(after.diagnostics))
 
 
-def _screen(model, name: str, baseline: dict | None, skip_validate: bool) -> dict:
+def _read(model, name: str, baseline: dict | None, validation) -> tuple:
+    """The model (a path, or a LoadedModel its caller read) read and checked once for the whole
+    gate, its external data left on disk: (the LoadedModel, its signature). What the gate refuses
+    comes in the order it always has: with validation, a malformed model, then the validation's
+    options (precheck), then the screen (_screen); without, the screen, then a malformed model."""
+    from .graph.sanity import check_loaded
+    from .io import LoadedModel, load_model
+
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, load_external=False)
+    if validation is not None:
+        from .validate.core import precheck
+
+        precheck(check_loaded(loaded), validation)
+    signature = _screen(loaded.model, name, baseline, validation is not None)
+    if validation is None:
+        check_loaded(loaded)
+    return loaded, signature
+
+
+def _screen(header: onnx.ModelProto, name: str, baseline: dict | None, validating: bool) -> dict:
     """What the gate refuses from the model's header before any work: a baseline written for
     another model, and (when it validates) an onnxruntime-training training model. Returns the
     model's signature."""
-    from .io import load_model
-
-    header = load_model(model, load_external=False).model
     signature = model_signature(header)
     if baseline is not None:
         check_baseline_model(baseline, name, signature)
-    if not skip_validate:
+    if validating:
         from .graph.training import recognise
 
         training = recognise(header)
@@ -191,12 +210,16 @@ def _screen(model, name: str, baseline: dict | None, skip_validate: bool) -> dic
     return signature
 
 
-def _run(model, output, plan_options, lint_options, validation, progress, shown: str | None) -> tuple:
+def _run(model, source, output, plan_options, lint_options, validation, progress, shown: str | None) -> tuple:
     """The gate's work on the model file: lint it, convert it (to `output`, else to a temporary
-    folder), lint the result, validate it (unless `validation` is None). The findings in a temporary
-    file name the model checked instead: the converted model's without `output`, the model's own
-    with `shown` (see check). Returns (the lint before, the ConversionResult, the lint after, the
-    validation report or None); a failure removes the converted model it wrote to `output`."""
+    folder), lint the result, validate it (unless `validation` is None). `source` is the model read
+    and checked once (_read): the lint and the comparison use it when it holds all of its weights,
+    else they read `model` (each run reads the weights it needs and lets them go); the conversion
+    streams the file itself; the converted model is read back once for its lint and comparison.
+    The findings in a temporary file name the model checked instead: the converted model's without
+    `output`, the model's own with `shown` (see check). Returns (the lint before, the
+    ConversionResult, the lint after, the validation report or None); a failure removes the
+    converted model it wrote to `output`."""
     from .lint import lint as run_lint
     from .lint.engine import unused_config_suppressions
     from .pipeline import convert_file
@@ -206,21 +229,41 @@ def _run(model, output, plan_options, lint_options, validation, progress, shown:
         out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.target.value}.onnx"
         existed = output is not None and Path(output).exists()
         try:
-            before = run_lint(model, lint_options)
-            converted = convert_file(model, out, options=plan_options)
-            after = run_lint(out, lint_options)
+            before = run_lint(_whole(source, model), lint_options)
             if shown is not None:
                 _name_findings(before, shown)
+            converted = convert_file(model, out, options=plan_options)
+            written = _read_back(out, converted)
+            after = run_lint(_whole(written, out), lint_options)
             if output is None:
                 _name_findings(after, shown or str(model))
             after.diagnostics.extend(unused_config_suppressions([before, after], lint_options))
-            report = None if validation is None else validate(model, out, validation, progress=progress)
+            report = None
+            if validation is not None:
+                report = validate(_whole(source, model), _whole(written, out), validation, progress=progress)
         except BaseException:
             if output is not None and not existed:
                 Path(output).unlink(missing_ok=True)  # a failed gate leaves no converted model behind
                 Path(str(output) + ".data").unlink(missing_ok=True)
             raise
     return before, converted, after, report
+
+
+def _read_back(out: Path, converted):
+    """The converted model read back from its file and checked, once for its lint and its
+    comparison; None when the conversion wrote it with external data (each of them then reads the
+    weights it needs)."""
+    from .graph.sanity import load_checked
+
+    if any(Path(f) != out for f in converted.output_files):
+        return None
+    return load_checked(out, load_external=False)
+
+
+def _whole(loaded, path):
+    """What a run reads a model from: `loaded` when it holds all of its weights (no external data),
+    else its path, so that each run reads the weights it needs and lets them go."""
+    return loaded if loaded is not None and not loaded.external_files else path
 
 
 def _name_findings(result, name: str) -> None:

@@ -55,6 +55,12 @@ class LoadedModel:
     left_in_file: LeftInFile | None = None  # see load_model(parse=...)
     external_checked: bool = False  # the main graph's external-data locations were checked (load_model)
     typed_outputs: list[str] = field(default_factory=list)  # graph outputs typed on load (graph/sanity.py)
+    given: str | None = None  # the path as the caller spelled it (`./m.onnx`; `path` is `m.onnx`), for reports
+
+    @property
+    def shown(self) -> str | None:
+        """The model's path as its caller gave it, as reports and findings name it."""
+        return self.given if self.given is not None else (str(self.path) if self.path is not None else None)
 
 
 class LeftInFile(Protocol):
@@ -108,6 +114,7 @@ def load_model(path: str | os.PathLike, load_external: bool = True, parse: Leavi
     `parse` (with load_external=False; the fast path's fast/in_file.py) parses the mapped file in a
     way of its own, leaving some payloads in the file, and returns what it left there (LeftInFile)
     or None, having parsed nothing: the file is then parsed whole, as without it."""
+    given = os.fspath(path)
     path = check_model_path(path)
     where = str(path)
     model = onnx.ModelProto()
@@ -131,7 +138,9 @@ def load_model(path: str | os.PathLike, load_external: bool = True, parse: Leavi
         raise AutocastError("file is empty", where, "re-export the model")
     if not model.HasField("graph") or (not model.opset_import and model.ir_version == 0):
         raise AutocastError("not an ONNX model (no graph or opset in the file)", where, "pass a .onnx model file")
-    loaded = LoadedModel(model=model, path=path, file_bytes=size, left_in_file=left, external_checked=True)
+    loaded = LoadedModel(
+        model=model, path=path, file_bytes=size, left_in_file=left, external_checked=True, given=str(given)
+    )
     files: dict = {}
     ours = left.ordinals if left is not None else frozenset()
     for ordinal, tensor in enumerate(_graph_tensors(model.graph)):
@@ -674,17 +683,25 @@ def _protected_files(inputs, model_inputs, outputs) -> list[tuple[Path, str]]:
         elif path.exists():
             found.append((path, "input"))
     for item in model_inputs:
-        if item is None or not Path(item).is_file():
+        given = item.path if isinstance(item, LoadedModel) else item
+        if given is None or not Path(given).is_file():
             continue
-        folder = Path(item).resolve().parent
+        folder = Path(given).resolve().parent
         if not any(out.resolve().is_relative_to(folder) for out in outputs):
             continue  # no output where its external data can be: no need to read the model
-        try:
-            external = load_model(item, load_external=False).external_files
-        except Exception:
-            external = []
-        found.extend((Path(item).parent / name, "model data") for name in external)
+        found.extend((Path(given).parent / name, "model data") for name in _external_files(item))
     return found
+
+
+def _external_files(model) -> list[str]:
+    """The external data files of an input model: a LoadedModel's (read already), else those of
+    the file, or none when it cannot be read (the command refuses it in its own place)."""
+    if isinstance(model, LoadedModel):
+        return model.external_files
+    try:
+        return load_model(model, load_external=False).external_files
+    except Exception:
+        return []
 
 
 def check_outputs(
@@ -699,7 +716,8 @@ def check_outputs(
 
     `outputs` are (option flag, path) pairs, path None when the option is not given; '-' is
     stdout. `inputs` are the files (or folders of files) the command reads, `model_inputs` the
-    ONNX models among them (their external data files are protected too). Flags in `models`
+    ONNX models among them, as paths or as LoadedModels read already (their external data files
+    are protected too). Flags in `models`
     write an ONNX model: '-' is refused for them and the external data file NAME.data beside the
     model counts as one more output. Flags in `read_back` name a file the command reads again
     after writing it, which must therefore be a regular file.

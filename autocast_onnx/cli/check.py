@@ -61,7 +61,6 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
         from ..gate import load_baseline
         from ..io import check_outputs
         from ..lint.engine import lint_options
-        from ..validate.core import precheck
         from ..validate.options import validate_options
 
         if skip_validate:
@@ -78,6 +77,7 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
         options = lint_options(settings, select=select, ignore=ignore, fail_on=fail_on, plan=plan)
         vopts = validate_options(settings, **kw)
         prior = load_baseline(baseline) if baseline is not None else None
+        header = _header(model)
         check_outputs(
             [
                 ("-o", output),
@@ -89,10 +89,8 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
             [model, baseline, vopts.inputs, source, config, *plan.rules],
             models=["-o"],
             read_back=["-o"],
-            model_inputs=[model],
+            model_inputs=[header or model],
         )
-        if not skip_validate:
-            precheck(model, vopts)
         if output is not None:
             written.track(output, Path(output).with_name(Path(output).name + ".data"))
         written.track(report_json, report_html, sarif)
@@ -106,6 +104,7 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
             baseline=prior,
             config_source=source,
             progress=_progress,
+            header=header,
         )
         report = result.report
         _echo(check_summary(report), err=_to_stdout(report_json, report_html, sarif))
@@ -121,3 +120,16 @@ def check(ctx, model, output, select, ignore, fail_on, baseline, sarif, skip_val
 
     passed = run_guarded(body, doing="checking", subject=model)
     sys.exit(EXIT_OK if passed else EXIT_FAIL)
+
+
+def _header(model):
+    """MODEL read once (its external data left on disk, not yet checked) for the output checks and
+    the gate, or None when it cannot be read: the gate then refuses it in its own place, after the
+    refusals of the options and outputs."""
+    from ..errors import AutocastError
+    from ..io import load_model
+
+    try:
+        return load_model(model, load_external=False)
+    except AutocastError:
+        return None

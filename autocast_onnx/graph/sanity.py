@@ -125,12 +125,18 @@ _UNCHECKED_DOMAIN = "autocast.unchecked"  # ops onnx does not know go here in th
 def load_checked(path, load_external: bool = True, **options) -> LoadedModel:
     """io.load_model, then check_input on the model before its external data is read into memory
     (load_external): a malformed model is refused before any work. `options` go to load_model."""
-    loaded = load_model(path, load_external=False, **options)
+    loaded = check_loaded(load_model(path, load_external=False, **options))
+    if load_external:
+        load_external_data(loaded)
+    return loaded
+
+
+def check_loaded(loaded: LoadedModel) -> LoadedModel:
+    """check_input on a model io.load_model read from its file (`loaded`, its external data not yet
+    read): the second half of load_checked, for a caller that looks at the header first."""
     assert loaded.path is not None
     where = str(loaded.path)
     loaded.typed_outputs = check_input(loaded.model, where, loaded.path.parent, left_in_file=loaded.left_in_file)
-    if load_external:
-        load_external_data(loaded)
     return loaded
 
 

@@ -13,6 +13,7 @@ import onnx
 from ..diagnostics import Diagnostic, at_least
 from ..errors import AutocastError
 from ..graph.sanity import load_checked
+from ..io import LoadedModel
 from ..patterns import UserPattern, shown
 from ..rewrite.provenance import examine as examine_provenance
 from .catalog import load_checks
@@ -160,14 +161,18 @@ def _upgrade_findings(warnings, ctx, check, path: str | None) -> list[Diagnostic
 
 
 def lint(model, options: LintOptions | None = None) -> LintResult:
-    """Lint a model (path or ModelProto)."""
+    """Lint a model (a path, a ModelProto, or a command's LoadedModel read and checked once, one
+    without external data; neither of the last two is edited)."""
     options = options or LintOptions()
     if isinstance(model, onnx.ModelProto):
         proto, path, base = model, None, None
+    elif isinstance(model, LoadedModel):
+        assert model.path is not None and not model.external_files, model.path  # its weights are not in memory
+        proto, path, base = model.model, model.shown, model.path.parent
     else:
         loaded = load_checked(model)
         proto, path, base = loaded.model, str(model), Path(model).parent
-    proto, plan_options, upgrade = _upgraded(proto, proto is model, path, base, options)
+    proto, plan_options, upgrade = _upgraded(proto, not isinstance(model, (str, Path)), path, base, options)
     ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=plan_options)
     checks = selected(load_checks(), options.select, options.ignore)
     for s in options.suppress:

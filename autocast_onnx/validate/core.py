@@ -72,7 +72,7 @@ def _load(model) -> _Loaded:
     loaded = model if isinstance(model, LoadedModel) else load_checked(model)  # a command's, read once
     assert loaded.path is not None
     size = loaded.file_bytes + sum(os.path.getsize(loaded.path.parent / f) for f in loaded.external_files)
-    return _Loaded(loaded.model, str(model if not isinstance(model, LoadedModel) else loaded.path), size)
+    return _Loaded(loaded.model, str(model) if not isinstance(model, LoadedModel) else loaded.shown, size)
 
 
 def _bar(progress, label: str, total: int):

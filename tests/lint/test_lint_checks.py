@@ -966,3 +966,22 @@ def test_select_and_ignore_by_name():
 def test_selector_matching_no_check_is_refused(options):
     with pytest.raises(AutocastError, match="selects no check"):
         lint(_softmax_model(), LintOptions(**options))
+
+
+@pytest.mark.parametrize("opset", [None, 21], ids=["as-is", "upgraded"])
+def test_a_loaded_model_is_linted_as_its_file_and_left_as_it_was(opset):
+    """A command reads its input once and lints what it read (io.LoadedModel): the findings are
+    those of the file, named by the path as the caller spelled it, and the model is not edited,
+    not even by the --opset upgrade the lint plans on."""
+    from autocast_onnx.graph.sanity import load_checked
+
+    options = LintOptions(plan=PlanOptions(opset=opset))
+    given = f"{BERT.parent}/./{BERT.name}"  # a spelling the Path the loader keeps does not keep
+    loaded = load_checked(given, load_external=False)
+    assert str(loaded.path) != given and loaded.shown == given
+    before = loaded.model.SerializeToString()
+    from_file, from_loaded = lint(given, options), lint(loaded, options)
+    assert loaded.model.SerializeToString() == before
+    assert from_loaded.model == from_file.model == given
+    assert [d.as_dict() for d in from_loaded.diagnostics] == [d.as_dict() for d in from_file.diagnostics]
+    assert from_file.diagnostics and all(d.model == given for d in from_loaded.diagnostics)
