@@ -289,16 +289,10 @@ def _refuse_without_effect(validation: dict, skip_validate: bool) -> None:
             None,
             "drop them or run the validation",
         )
-    from .validate.options import GENERATING
+    from .validate.options import GENERATING, refuse_generating_with_inputs
 
-    generating = [name for name in GENERATING if name in given]
-    if validation["inputs"] is not None and generating:
-        raise AutocastError(
-            f"{'=, '.join(generating)}= {'has' if len(generating) == 1 else 'have'} no effect with inputs= "
-            "(the arrays' own shapes and values are used)",
-            None,
-            "drop them, or drop inputs= to generate inputs",
-        )
+    if validation["inputs"] is not None:
+        refuse_generating_with_inputs([f"{name}=" for name in GENERATING if name in given], "inputs=")
 
 
 def _same(value, default) -> bool:

@@ -15,7 +15,7 @@ import click
 
 from ..errors import AutocastError, one_line, printable_text
 from ..runtimes import RUNTIME_CHOICES
-from ..validate.options import CHOICES, COUNTS, GENERATING, SEED_MAX
+from ..validate.options import CHOICES, COUNTS, GENERATING, SEED_MAX, refuse_generating_with_inputs
 from ..validate.thresholds import threshold_fields
 from .guard import _FOLDER_SPELLINGS, _say
 
@@ -264,12 +264,7 @@ def _refuse_unused(ctx, names, why: str, hint: str) -> None:
 def _refuse_generation_with_inputs(ctx, kw) -> None:
     """--inputs gives the batches: the options that shape generated inputs would do nothing."""
     if kw.get("inputs") is not None:
-        _refuse_unused(
-            ctx,
-            GENERATING,
-            "with --inputs (the arrays' own shapes and values are used)",
-            "drop them, or drop --inputs to generate inputs",
-        )
+        refuse_generating_with_inputs(_given(ctx, GENERATING), "--inputs")
 
 
 def input_options_group(

@@ -135,18 +135,16 @@ def validate(
     given = dict(locals())  # the keywords as given, read by name below
     from ..io import model_argument
     from .core import validate as _validate
-    from .options import GENERATING, ValidateOptions, save_inputs_path, thresholds_from
+    from .options import GENERATING, ValidateOptions, refuse_generating_with_inputs, save_inputs_path, thresholds_from
     from .thresholds import THRESHOLDS
 
     reference = model_argument(reference, "reference")
     converted = model_argument(converted, "converted", result=True)
-    if inputs is not None and (dims or ranges or batches != 1 or seed != 0):
-        names = [f"{name}=" for name in GENERATING]
-        raise AutocastError(
-            f"{', '.join(names[:-1])} and {names[-1]} have no effect with inputs= (the arrays are used as they are)",
-            None,
-            "drop them, or drop inputs= to generate inputs",
-        )
+    if inputs is not None:
+        import inspect
+
+        defaults = {name: p.default for name, p in inspect.signature(validate).parameters.items()}
+        refuse_generating_with_inputs([f"{n}=" for n in GENERATING if given[n] not in (defaults[n], {}, ())], "inputs=")
     if isinstance(generate, bool) or not isinstance(generate, int) or not 0 <= generate <= 1024:
         raise AutocastError(
             f"generate= must be a whole number from 0 to 1024, not {generate!r}", None, "e.g. generate=16"

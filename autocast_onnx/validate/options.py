@@ -88,6 +88,19 @@ CHOICES = {f.name: f.metadata["choices"] for f in option_fields() if f.metadata[
 GENERATING = tuple(f.name for f in option_fields() if f.metadata["generates"])  # nothing to do beside --inputs
 
 
+def refuse_generating_with_inputs(given: list[str], inputs: str) -> None:
+    """The one refusal of the options that shape generated inputs (GENERATING) beside given input
+    arrays: `given` are those the caller set, spelled as it takes them (`--dim`, `dims=`), and
+    `inputs` is how it spells the inputs option (`--inputs`, `inputs=`)."""
+    if given:
+        raise AutocastError(
+            f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect with {inputs} "
+            "(the arrays' own shapes and values are used)",
+            None,
+            f"drop them, or drop {inputs} to generate inputs",
+        )
+
+
 def check_threshold(key: str, value, flag: str, hint: str, label: str | None = None) -> None:
     """Refuse a threshold outside THRESHOLD_BOUNDS (or not a finite number)."""
     low, high = THRESHOLD_BOUNDS[key]

@@ -310,3 +310,38 @@ def test_diagnose_returns_a_typed_report_the_command_line_writes_as_it_is(tmp_pa
     assert outcome.exit_code == 0, outcome.output
     assert written.read_text() == json.dumps(report.to_dict(), indent=1) + "\n"
     assert outcome.stdout.rstrip("\n") == report.text()
+
+
+# ---- generated-input options beside given inputs: one refusal -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{"seed": 3}, {"dims": {"batch": 2}, "batches": 2}],
+    ids=["one", "two"],
+)
+def test_generating_options_beside_inputs_are_refused_alike_on_every_surface(tmp_path, given):
+    """validate, check and their calls refuse the options that shape generated inputs beside
+    given arrays with one message naming the options given, each in its own spelling. The
+    library's validate() used to name all four whether given or not, in other words."""
+    arrays = tmp_path / "b.npz"
+    np.savez(arrays, x=np.zeros((1, 1, 8, 8), np.float32))
+    flags = {"seed": ["--seed", "3"], "dims": ["--dim", "batch=2"], "batches": ["--batches", "2"]}
+    args = [a for name in given for a in flags[name]]
+    verb = "has" if len(given) == 1 else "have"
+    why = "(the arrays' own shapes and values are used)"
+    cli_names = ", ".join(flags[name][0] for name in given)
+    for command in (["validate", DIGITS, DIGITS], ["check", DIGITS]):
+        result = CliRunner().invoke(cli_main.cli, [*map(str, command), "--inputs", str(arrays), *args])
+        assert result.exit_code == 2
+        assert result.stderr.strip() == (
+            f"autocast-onnx: error: {cli_names} {verb} no effect with --inputs {why} "
+            "(drop them, or drop --inputs to generate inputs)"
+        )
+    keywords = ", ".join(f"{name}=" for name in given)
+    expected = f"{keywords} {verb} no effect with inputs= {why} (drop them, or drop inputs= to generate inputs)"
+    for call in (lambda: autocast_onnx.validate(DIGITS, DIGITS, inputs=arrays, **given),
+                 lambda: autocast_onnx.check(DIGITS, inputs=arrays, **given)):  # fmt: skip
+        with pytest.raises(AutocastError) as caught:
+            call()
+        assert str(caught.value) == expected
