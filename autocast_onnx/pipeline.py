@@ -65,6 +65,22 @@ from .rewrite.opset import OpsetChange, default_opset, upgrade_opset
 
 log = logging.getLogger(__name__)
 
+# The stages of a conversion, declared once, in the order they run. Every entry point is the
+# shared opening (OPENING: _opening; INDEXING: _indexed) with its own end; convert_file wraps
+# convert's stages in its file stages (FILE_OPENING, then FILE_END, where `check written files`
+# runs only for weights on disk and the output check runs inside `save`). _stage refuses a name
+# not declared here; tests/pipeline/test_pipeline_stages.py holds each entry point's -v log to its line.
+OPENING = ("resolve target", "upgrade opset", "check opset", "read options")
+INDEXING = ("index", "prepare training")
+ENTRY_POINTS = {
+    "convert": (*OPENING, *INDEXING, "measure", "plan", "apply", "measure result", "record training", "check"),
+    "plan_model": (*OPENING, *INDEXING, "plan", "record training"),
+    "replay_model": (*OPENING, *INDEXING, "check plan"),
+}
+FILE_OPENING = ("load", "choose output")
+FILE_END = ("read back kept weights", "serialize", "save", "check written files", "write plan")
+_DECLARED = frozenset((*FILE_OPENING, *FILE_END, *(name for names in ENTRY_POINTS.values() for name in names)))
+
 # Checks run on every converted model: "basic" is onnx.checker (structure, schemas, attributes);
 # "full" adds ONNX shape and type inference over the whole graph (as slow as the conversion itself
 # on large graphs; the test suite runs it on every model it converts).
@@ -316,12 +332,7 @@ def plan_model(
     )
     assert selection is not None
     with _no_gc():
-        with _stage("index"):
-            index = _index(loaded, where)
-        with _stage("prepare training"):
-            training, scale = _training_setup(loaded.model, index, loss_scale, keep_io_types, where)
-            if scale is not None:
-                index = _index(loaded, where)
+        index, training, scale = _indexed(loaded, where, loss_scale, keep_io_types)
         with _stage("plan"):
             low_io = _low_precision_io(index, selection.low_precision_io, training, where)
             shapes = tensor_shapes(loaded.model)
@@ -349,12 +360,7 @@ def replay_model(
     plan, keep_io_types = opening.plan, opening.keep_io_types
     assert plan is not None
     with _no_gc():
-        with _stage("index"):
-            index = _index(loaded, where)
-        with _stage("prepare training"):
-            training, scale = _training_setup(loaded.model, index, opening.loss_scale, keep_io_types, where)
-            if scale is not None:  # the backward seed became the scale, as convert --plan does it
-                index = _index(loaded, where)
+        index, training, _ = _indexed(loaded, where, opening.loss_scale, keep_io_types)
         with _stage("check plan"):
             check_plan_fits(plan, index)
     return PlannedModel(plan=plan, index=index, training=training)
@@ -455,7 +461,8 @@ _PASS_THROUGH = (AutocastError, MemoryError, StageError)
 def _stage(name: str, timings: dict | None = None, key: str | None = None):
     """Run one named stage of a conversion: logs its start and end (-v), adds its seconds to
     `timings[key]` (the summary's stage times; several stages may share a key), and turns an
-    unexpected exception into a StageError that names it."""
+    unexpected exception into a StageError that names it. `name` is one the stage lists declare."""
+    assert name in _DECLARED, f"stage {name!r} is not declared (pipeline.ENTRY_POINTS, FILE_OPENING, FILE_END)"
     log.debug("stage %s: start", name)
     start = time.perf_counter()
     try:
@@ -542,13 +549,9 @@ def _convert_loaded(
         screen = _stopped(screen)
     try:
         with _no_gc():
-            with _stage("index", timings, "index"):
-                index = _index(loaded, where)
-            with _stage("prepare training", timings, "index"):
-                training, scale = _training_setup(model, index, loss_scale, keep_io_types, where)
-                if scale is not None:  # the backward seed became the scale: index the graph as it is now
-                    index = _index(loaded, where)
-                    screen = _stopped(screen)  # it screened the model as it was
+            index, training, scale = _indexed(loaded, where, loss_scale, keep_io_types, timings)
+            if scale is not None:
+                screen = _stopped(screen)  # it screened the model as it was before the scale
             with _stage("measure", timings, "index"):
                 low_io = _low_precision_io(index, selection.low_precision_io, training, where) if selection else None
                 sizes = _sizes_before(index, loaded, scale)
@@ -639,6 +642,20 @@ def _opening(model, where: str, plan, options: PlanOptions, calibration, force_f
         if plan is not None and plan.training is not None:
             loss_scale = _replayed_loss_scale(plan, loss_scale)
     return _Opened(plan, target, keep_io_types, upgrade, selection, loss_scale)
+
+
+def _indexed(loaded: LoadedModel, where: str, loss_scale, keep_io_types: bool, timings: dict | None = None) -> tuple:
+    """The stages every entry point goes on with after the opening (INDEXING): index the model,
+    then recognise a training graph and set up its loss scale; when the backward seed became the
+    scale, the graph is indexed again as it is now. Returns (the index, the training graph or None,
+    the scale or None)."""
+    with _stage("index", timings, "index"):
+        index = _index(loaded, where)
+    with _stage("prepare training", timings, "index"):
+        training, scale = _training_setup(loaded.model, index, loss_scale, keep_io_types, where)
+        if scale is not None:
+            index = _index(loaded, where)
+    return index, training, scale
 
 
 def _speed_source_of(index, plan: PrecisionPlan) -> Callable:
