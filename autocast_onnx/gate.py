@@ -143,7 +143,7 @@ def check(
     )
     validation = None if skip_validate else (validation or ValidateOptions())
     name = shown if shown is not None else str(model)
-    source, signature = _read(header or model, name, baseline, validation)
+    source, signature = _read(header if header is not None else model, name, baseline, validation)
     before, converted, after, validation_report = _run(
         model, source, output, plan_options, lint_options, validation, progress, shown
     )
@@ -220,6 +220,7 @@ def _run(model, source, output, plan_options, lint_options, validation, progress
     `output`, the model's own with `shown` (see check). Returns (the lint before, the
     ConversionResult, the lint after, the validation report or None); a failure removes the
     converted model it wrote to `output`."""
+    from .io import whole_or_path
     from .lint import lint as run_lint
     from .lint.engine import unused_config_suppressions
     from .pipeline import convert_file
@@ -229,18 +230,19 @@ def _run(model, source, output, plan_options, lint_options, validation, progress
         out = Path(output) if output is not None else Path(tmp) / f"{Path(model).stem}.{plan_options.target.value}.onnx"
         existed = output is not None and Path(output).exists()
         try:
-            before = run_lint(_whole(source, model), lint_options)
+            before = run_lint(whole_or_path(source, model), lint_options)
             if shown is not None:
                 _name_findings(before, shown)
             converted = convert_file(model, out, options=plan_options)
             written = _read_back(out, converted)
-            after = run_lint(_whole(written, out), lint_options)
+            after = run_lint(whole_or_path(written, out), lint_options)
             if output is None:
                 _name_findings(after, shown or str(model))
             after.diagnostics.extend(unused_config_suppressions([before, after], lint_options))
             report = None
             if validation is not None:
-                report = validate(_whole(source, model), _whole(written, out), validation, progress=progress)
+                reference, result = whole_or_path(source, model), whole_or_path(written, out)
+                report = validate(reference, result, validation, progress=progress)
         except BaseException:
             if output is not None and not existed:
                 Path(output).unlink(missing_ok=True)  # a failed gate leaves no converted model behind
@@ -258,12 +260,6 @@ def _read_back(out: Path, converted):
     if any(Path(f) != out for f in converted.output_files):
         return None
     return load_checked(out, load_external=False)
-
-
-def _whole(loaded, path):
-    """What a run reads a model from: `loaded` when it holds all of its weights (no external data),
-    else its path, so that each run reads the weights it needs and lets them go."""
-    return loaded if loaded is not None and not loaded.external_files else path
 
 
 def _name_findings(result, name: str) -> None:

@@ -63,6 +63,13 @@ class LoadedModel:
         return self.given if self.given is not None else (str(self.path) if self.path is not None else None)
 
 
+def whole_or_path(loaded: LoadedModel | None, path):
+    """What a run reads a model from: `loaded` (read once by its command) when it holds all of its
+    weights, no external data, else `path`, so that each run reads the weights it needs and lets
+    them go (none stay in memory beside a conversion)."""
+    return loaded if loaded is not None and not loaded.external_files else path
+
+
 class LeftInFile(Protocol):
     """What a parse that leaves payloads in the file (load_model's `parse`, the fast path's
     fast/in_file.py) hands back: the ordinals of the main graph's initializers it left there,

@@ -208,14 +208,7 @@ def _convert_body(call: _ConvertCall, written) -> bool:
     print the summary, then validate if asked. True when every threshold passed."""
     from ..validate.options import validate_options
 
-    _refuse_convert_options_without_effect(call)
-    settings, config_file = _setup(call.config, call.verbose)
-    plan = _plan_from(settings, call.kw)
-    _choose_gpu(call, settings)
-    if call.loss_scale is not None:
-        from ..rewrite.loss_scale import parse_loss_scale
-
-        parse_loss_scale(call.loss_scale)
+    settings, config_file, plan = _convert_setup(call)
     if _artifacts_folder(call.model):
         _refuse_unused(
             call.ctx,
@@ -248,6 +241,21 @@ def _convert_body(call: _ConvertCall, written) -> bool:
         # the conversion succeeded: keep it (and its plan), say it was not validated, exit 2
         written.keep(out, Path(out).with_name(Path(out).name + ".data"), call.plan_out)
         raise _not_validated(exc, call.model, out) from None
+
+
+def _convert_setup(call: _ConvertCall) -> tuple:
+    """What convert checks and reads first, for one model or many: the options that do nothing
+    here refused, the configuration read, the plan options built, the GPU chosen, --loss-scale
+    parsed. Returns (the settings, the configuration file or None, the PlanOptions)."""
+    _refuse_convert_options_without_effect(call)
+    settings, config_file = _setup(call.config, call.verbose)
+    plan = _plan_from(settings, call.kw)
+    _choose_gpu(call, settings)
+    if call.loss_scale is not None:
+        from ..rewrite.loss_scale import parse_loss_scale
+
+        parse_loss_scale(call.loss_scale)
+    return settings, config_file, plan
 
 
 def _choose_gpu(call: _ConvertCall, settings: dict) -> None:
@@ -334,13 +342,6 @@ def _read_once(call: _ConvertCall, goal):
     return load_checked(call.model, load_external=False)
 
 
-def _whole(call: _ConvertCall, source):
-    """What a run of MODEL reads it from: the model read once, when it holds all of its weights
-    (nothing in external data), else its path, so that each run reads the weights it needs and lets
-    them go (the conversion never holds them beside it)."""
-    return source if source is not None and not source.external_files else call.model
-
-
 def _prepare_validation(call: _ConvertCall, options, source) -> bool:
     """Before converting, check that --validate can run; True when it validates a training step
     (the model is a training graph) rather than comparing outputs."""
@@ -360,10 +361,11 @@ def _prepare_validation(call: _ConvertCall, options, source) -> bool:
 def _plan_on_data(call: _ConvertCall, plan, options, goal, source):
     """What running the model decides before the conversion: --calibration-data's fp32 nodes and
     the --target search (whose log is printed here)."""
+    from ..io import whole_or_path
     from ..validate.on_data import plan_on_data
 
     measured = plan_on_data(
-        _whole(call, source),
+        whole_or_path(source, call.model),
         plan,
         calibration_data=call.calibration_data,
         targets=goal if goal is not None else (),  # parsed once, above
@@ -443,11 +445,12 @@ def _validate_converted(call: _ConvertCall, out, options, training_step: bool, s
     if training_step:
         call.echo("")
         return _training_step(call.model, out, options, call.echo, call.report_json)
+    from ..io import whole_or_path
     from ..report.validation import validation_text
     from ..validate.core import validate as run_validation
 
     call.echo("")
-    report = run_validation(_whole(call, source), out, options, progress=None if call.quiet else _progress)
+    report = run_validation(whole_or_path(source, call.model), out, options, progress=None if call.quiet else _progress)
     call.echo(validation_text(report))
     _write_validation_reports(report, call.report_json, call.report_html)
     return report["passed"]
@@ -537,14 +540,7 @@ def _convert_batch(call: _ConvertCall, models, jobs: int, written) -> tuple[list
             str(models[0]) if len(models) == 1 else None,
             "convert that model on its own to use them",
         )
-    _refuse_convert_options_without_effect(call)
-    settings, config_file = _setup(call.config, call.verbose)
-    plan = _plan_from(settings, call.kw)
-    _choose_gpu(call, settings)
-    if call.loss_scale is not None:
-        from ..rewrite.loss_scale import parse_loss_scale
-
-        parse_loss_scale(call.loss_scale)
+    settings, config_file, plan = _convert_setup(call)
     validation = None
     if call.run_validate:
         from ..validate import core  # noqa: F401  (imported once here, before the workers fork)

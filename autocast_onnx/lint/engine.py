@@ -165,14 +165,14 @@ def lint(model, options: LintOptions | None = None) -> LintResult:
     without external data; neither of the last two is edited)."""
     options = options or LintOptions()
     if isinstance(model, onnx.ModelProto):
-        proto, path, base = model, None, None
+        proto, path, base, given = model, None, None, True
     elif isinstance(model, LoadedModel):
         assert model.path is not None and not model.external_files, model.path  # its weights are not in memory
-        proto, path, base = model.model, model.shown, model.path.parent
+        proto, path, base, given = model.model, model.shown, model.path.parent, True
     else:
         loaded = load_checked(model)
-        proto, path, base = loaded.model, str(model), Path(model).parent
-    proto, plan_options, upgrade = _upgraded(proto, not isinstance(model, (str, Path)), path, base, options)
+        proto, path, base, given = loaded.model, str(model), Path(model).parent, False
+    proto, plan_options, upgrade = _upgraded(proto, given, path, base, options)
     ctx = LintContext(proto, path, options.precision, options.rules, base, plan_options=plan_options)
     checks = selected(load_checks(), options.select, options.ignore)
     for s in options.suppress:
